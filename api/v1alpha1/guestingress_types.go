@@ -1,0 +1,303 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// GuestIngressFinalizer lets guestnet remove the host objects it created (Service, pool,
+// L2 policy) and release the ports it declared before a GuestIngress goes away.
+const GuestIngressFinalizer = "guestingress.guestnet.addons.cluster.x-k8s.io"
+
+// GuestIngress condition types (see also the shared ones in common_types.go).
+const (
+	// GuestServiceReadyCondition says whether the guest ingress controller's Service exists
+	// and exposes the requested ports as NodePorts.
+	GuestServiceReadyCondition = "GuestServiceReady"
+
+	// LoadBalancerReadyCondition says whether the host LoadBalancer Service got its IP
+	// (Cilium's cilium.io/IPAMRequestSatisfied) and its pool has no conflict
+	// (cilium.io/PoolConflict).
+	LoadBalancerReadyCondition = "LoadBalancerReady"
+
+	// EndpointsReadyCondition says whether the host Service selects at least one ready
+	// worker virt-launcher pod. Zero endpoints is the field report's "curl: connection refused".
+	EndpointsReadyCondition = "EndpointsReady"
+)
+
+// GuestIngress condition reasons.
+const (
+	// GuestServiceNotFoundReason: the guest Service does not exist (yet); guestnet waits for it.
+	GuestServiceNotFoundReason = "GuestServiceNotFound"
+	// GuestServicePortNotFoundReason: the guest Service has no port matching spec.ports[].port.
+	GuestServicePortNotFoundReason = "GuestServicePortNotFound"
+	// NodePortConflictReason: a requested fixed nodePort is used by another guest Service.
+	NodePortConflictReason = "NodePortConflict"
+	// IPConflictReason: the requested IP is already claimed by another GuestIngress.
+	IPConflictReason = "IPConflict"
+	// PoolConflictReason: Cilium reports the pool overlaps another pool (cilium.io/PoolConflict).
+	PoolConflictReason = "PoolConflict"
+	// PoolNotFoundReason: spec.loadBalancer.poolRef names a pool that does not exist.
+	PoolNotFoundReason = "PoolNotFound"
+	// IPPendingReason: the host Service has no load-balancer IP yet.
+	IPPendingReason = "IPPending"
+	// NoEndpointsReason: the host Service's selector matches no ready virt-launcher pod.
+	NoEndpointsReason = "NoEndpoints"
+)
+
+// Defaults and names used on the host LoadBalancer Service.
+const (
+	// DefaultLoadBalancerClass makes Cilium's L2 announcer (and LB-IPAM) own the Service.
+	DefaultLoadBalancerClass = "io.cilium/l2-announcer"
+)
+
+// GuestIngressSpec is the desired exposure of one guest cluster's ingress controller on a
+// load-balancer IP of the host network.
+// +kubebuilder:validation:XValidation:rule="!has(self.ports) || self.ports.all(p, !has(p.nodePort) || self.ports.exists_one(q, has(q.nodePort) && q.nodePort == p.nodePort))",message="spec.ports: each nodePort may be used by one port only"
+// +kubebuilder:validation:XValidation:rule="!has(self.ports) || self.ports.all(p, self.ports.exists_one(q, q.port == p.port && q.protocol == p.protocol))",message="spec.ports: each port/protocol pair may be listed once only"
+type GuestIngressSpec struct {
+	// clusterName is the name of the CAPI Cluster, in the GuestIngress's namespace, whose
+	// ingress controller is exposed. It cannot be changed: create another GuestIngress.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="clusterName must be the name of a Cluster in this namespace: lower-case letters, digits, '-' and '.', e.g. tenant-a (no namespace/ prefix)"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="clusterName is immutable"
+	ClusterName string `json:"clusterName"`
+
+	// guestService is the Service of the ingress controller inside the guest cluster, for
+	// example projectcontour/envoy. guestnet makes it a NodePort Service (server-side apply
+	// with its own field manager; no other field is touched) and forwards to its nodePorts.
+	// +required
+	GuestService ObjectReference `json:"guestService"`
+
+	// ports to expose on the load-balancer IP. Each one names a port of the guest Service by
+	// number. Defaults to http/80 and https/443.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:default={{name: "http", port: 80, protocol: "TCP"}, {name: "https", port: 443, protocol: "TCP"}}
+	Ports []IngressPort `json:"ports,omitempty"`
+
+	// loadBalancer says how the host LoadBalancer Service gets its IP and how the IP is
+	// announced on the physical network.
+	// +required
+	LoadBalancer LoadBalancerSpec `json:"loadBalancer"`
+
+	// declarePorts makes guestnet declare the nodePorts on the masquerade interface of every
+	// worker VM, rolling the workers when the declaration changes. Set it to false only when
+	// the worker templates have no ports list (every port is forwarded) or are managed by hand.
+	// +optional
+	// +kubebuilder:default=true
+	DeclarePorts *bool `json:"declarePorts,omitempty"`
+}
+
+// IngressPort is one port of the guest ingress controller exposed on the load-balancer IP.
+type IngressPort struct {
+	// name of the port on the host Service (an IANA service name: lower case, at most 15
+	// characters).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('[a-z]') && !self.contains('--')",message="port name must be an IANA service name: at least one letter and no '--', e.g. http"
+	Name string `json:"name"`
+
+	// port is both the port served on the load-balancer IP and the port of the guest Service
+	// whose nodePort the traffic is forwarded to.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+
+	// nodePort, when set, is enforced on the guest Service so the VM's declared ports stay
+	// fixed. When unset, guestnet follows whatever nodePort the guest allocated (and the
+	// workers roll when it changes, if the worker templates declare ports).
+	// +optional
+	// +kubebuilder:validation:Minimum=30000
+	// +kubebuilder:validation:Maximum=32767
+	NodePort *int32 `json:"nodePort,omitempty"`
+
+	// protocol of the port.
+	// +optional
+	// +kubebuilder:default=TCP
+	// +kubebuilder:validation:Enum=TCP;UDP
+	Protocol corev1.Protocol `json:"protocol,omitempty"`
+}
+
+// LoadBalancerSpec says where the load-balancer IP comes from and how it is announced.
+// Give a fixed ip, or cidrs for a pool that guestnet creates (optionally with an ip inside
+// them), or poolRef to take the IP from an existing shared pool.
+// +kubebuilder:validation:XValidation:rule="has(self.ip) || has(self.cidrs) || has(self.poolRef)",message="loadBalancer needs ip, cidrs or poolRef"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cidrs) && has(self.poolRef))",message="loadBalancer.cidrs and loadBalancer.poolRef are mutually exclusive: guestnet either creates a pool from cidrs or uses the referenced one"
+// The containment rule only runs on a well-formed ip and cidrs (the field rules report the
+// malformed ones): cidr()/containsIP() fail with a CEL runtime error ("no such overload") on
+// strings that do not parse.
+// +kubebuilder:validation:XValidation:rule="!has(self.ip) || !has(self.cidrs) || !isIP(self.ip) || !self.cidrs.all(c, isCIDR(c)) || self.cidrs.exists(c, cidr(c).containsIP(self.ip))",message="loadBalancer.ip must be inside one of loadBalancer.cidrs"
+type LoadBalancerSpec struct {
+	// ip is the fixed load-balancer IP, requested from Cilium LB-IPAM with the
+	// lbipam.cilium.io/ips annotation. Alone, guestnet creates a pool holding just this IP.
+	// +optional
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="ip must be an IPv4 or IPv6 address, e.g. 10.2.6.220"
+	IP string `json:"ip,omitempty"`
+
+	// cidrs of a CiliumLoadBalancerIPPool that guestnet creates for this GuestIngress alone
+	// (its serviceSelector matches only the host Service), e.g. 10.2.6.220/29.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=49
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each cidr must be a CIDR such as 10.2.6.220/29"
+	CIDRs []string `json:"cidrs,omitempty"`
+
+	// poolRef names an existing CiliumLoadBalancerIPPool that guestnet does not own. Its
+	// serviceSelector must match the host Service (guestnet labels it with the cluster name).
+	// +optional
+	PoolRef *PoolReference `json:"poolRef,omitempty"`
+
+	// l2 configures the CiliumL2AnnouncementPolicy that answers ARP/NDP for the IP.
+	// +optional
+	L2 *L2AnnouncementSpec `json:"l2,omitempty"`
+
+	// class is the loadBalancerClass of the host Service.
+	// +optional
+	// +kubebuilder:default="io.cilium/l2-announcer"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Class string `json:"class,omitempty"`
+
+	// externalTrafficPolicy of the host Service. Cluster (the default) combines well with L2
+	// announcements; Local keeps client source IPs but answers only on nodes with a worker.
+	// +optional
+	// +kubebuilder:default=Cluster
+	// +kubebuilder:validation:Enum=Cluster;Local
+	ExternalTrafficPolicy corev1.ServiceExternalTrafficPolicy `json:"externalTrafficPolicy,omitempty"`
+
+	// annotations copied to the host Service and kept in sync.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// labels copied to the host Service and kept in sync.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// PoolReference names a cluster-scoped CiliumLoadBalancerIPPool.
+type PoolReference struct {
+	// name of the CiliumLoadBalancerIPPool.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// L2AnnouncementSpec selects which host nodes and interfaces announce the IP.
+type L2AnnouncementSpec struct {
+	// interfaces are regular expressions of the host interfaces to announce on, e.g. ^eth0$.
+	// Empty means every interface.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	Interfaces []string `json:"interfaces,omitempty"`
+
+	// nodeSelector selects the host nodes that may announce. Empty means every node.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+}
+
+// GuestIngressStatus is what guestnet observed and did.
+type GuestIngressStatus struct {
+	// loadBalancerIP is the IP the host Service got (from its status.loadBalancer).
+	// +optional
+	LoadBalancerIP string `json:"loadBalancerIP,omitempty"`
+
+	// readyEndpoints counts the ready worker endpoints behind the host Service.
+	// +optional
+	ReadyEndpoints int32 `json:"readyEndpoints"`
+
+	// hostService is the name of the host LoadBalancer Service in this namespace.
+	// +optional
+	HostService string `json:"hostService,omitempty"`
+
+	// ports are the guest nodePorts the host Service forwards to.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	Ports []IngressPortStatus `json:"ports,omitempty"`
+
+	// observedGeneration is the generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Ready, Paused, ClusterAvailable, GuestServiceReady, LoadBalancerReady,
+	// EndpointsReady, PortsDeclared.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// IngressPortStatus is the guest nodePort behind one exposed port.
+type IngressPortStatus struct {
+	// name of the port (spec.ports[].name).
+	// +required
+	Name string `json:"name"`
+	// port served on the load-balancer IP.
+	// +required
+	Port int32 `json:"port"`
+	// nodePort of the guest Service the traffic is forwarded to.
+	// +optional
+	NodePort int32 `json:"nodePort,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=guestingresses,scope=Namespaced,shortName=gi,categories=cluster-api;guestnet
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".spec.clusterName",description="CAPI Cluster"
+// +kubebuilder:printcolumn:name="IP",type="string",JSONPath=".status.loadBalancerIP",description="Load-balancer IP"
+// +kubebuilder:printcolumn:name="Endpoints",type="integer",JSONPath=".status.readyEndpoints",description="Ready worker endpoints"
+// +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status"
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// GuestIngress exposes the ingress controller of one guest cluster on a load-balancer IP
+// of the host network: host LoadBalancer Service, Cilium LB-IPAM pool, L2 announcement
+// policy, and the masquerade port declarations on the worker VMs.
+type GuestIngress struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired exposure.
+	// +required
+	Spec GuestIngressSpec `json:"spec"`
+
+	// status is what guestnet observed.
+	// +optional
+	Status GuestIngressStatus `json:"status,omitempty"`
+}
+
+// GetConditions returns the conditions (CAPI util/conditions Getter).
+func (g *GuestIngress) GetConditions() []metav1.Condition { return g.Status.Conditions }
+
+// SetConditions sets the conditions (CAPI util/conditions Setter).
+func (g *GuestIngress) SetConditions(c []metav1.Condition) { g.Status.Conditions = c }
+
+// +kubebuilder:object:root=true
+
+// GuestIngressList is a list of GuestIngress.
+type GuestIngressList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GuestIngress `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&GuestIngress{}, &GuestIngressList{})
+}

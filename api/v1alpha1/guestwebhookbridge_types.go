@@ -1,0 +1,243 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// GuestWebhookBridgeFinalizer lets guestnet restore the original APIServices and webhook
+// configurations and remove its Services before a GuestWebhookBridge goes away.
+const GuestWebhookBridgeFinalizer = "guestwebhookbridge.guestnet.addons.cluster.x-k8s.io"
+
+// GuestWebhookBridge condition types (see also the shared ones in common_types.go).
+const (
+	// TargetsBridgedCondition says whether every selected target is repointed at an endpoint
+	// the guest control plane can reach (or left alone because it can already reach it).
+	TargetsBridgedCondition = "TargetsBridged"
+
+	// TargetsReachableCondition says whether every bridged target answers from the host
+	// network and its certificate verifies for the name the guest apiserver dials.
+	TargetsReachableCondition = "TargetsReachable"
+)
+
+// GuestWebhookBridge condition reasons.
+const (
+	// TargetNotFoundReason: a target named in the spec does not exist (yet); guestnet waits.
+	TargetNotFoundReason = "TargetNotFound"
+	// TargetClaimedReason: another GuestWebhookBridge already bridges the target.
+	TargetClaimedReason = "TargetClaimed"
+	// NodePortRangeExhaustedReason: the range has fewer free nodePorts than targets.
+	NodePortRangeExhaustedReason = "NodePortRangeExhausted"
+	// TLSNameMismatchReason: the target's certificate lacks the name the guest apiserver dials.
+	TLSNameMismatchReason = "TLSNameMismatch"
+	// EndpointUnreachableReason: the bridged endpoint does not answer from the host network.
+	EndpointUnreachableReason = "EndpointUnreachable"
+)
+
+// BridgeMode says when a target is rewritten.
+// +kubebuilder:validation:Enum=Auto;Always
+type BridgeMode string
+
+const (
+	// BridgeModeAuto leaves alone a target the guest apiserver can already reach (for example
+	// through konnectivity) and bridges the others.
+	BridgeModeAuto BridgeMode = "Auto"
+	// BridgeModeAlways bridges every selected target.
+	BridgeModeAlways BridgeMode = "Always"
+)
+
+// TargetKind is the kind of a bridged guest object.
+// +kubebuilder:validation:Enum=APIService;ValidatingWebhookConfiguration;MutatingWebhookConfiguration
+type TargetKind string
+
+const (
+	// APIServiceTarget is an apiregistration.k8s.io/v1 APIService.
+	APIServiceTarget TargetKind = "APIService"
+	// ValidatingWebhookTarget is an admissionregistration.k8s.io/v1 ValidatingWebhookConfiguration.
+	ValidatingWebhookTarget TargetKind = "ValidatingWebhookConfiguration"
+	// MutatingWebhookTarget is an admissionregistration.k8s.io/v1 MutatingWebhookConfiguration.
+	MutatingWebhookTarget TargetKind = "MutatingWebhookConfiguration"
+)
+
+// GuestWebhookBridgeSpec selects the guest APIServices and webhook configurations to bridge.
+// +kubebuilder:validation:XValidation:rule="has(self.apiServices) || has(self.validatingWebhooks) || has(self.mutatingWebhooks)",message="select at least one of apiServices, validatingWebhooks, mutatingWebhooks"
+type GuestWebhookBridgeSpec struct {
+	// clusterName is the name of the CAPI Cluster, in the bridge's namespace, whose guest
+	// APIServices and webhooks are bridged. It cannot be changed: create another bridge.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="clusterName must be the name of a Cluster in this namespace: lower-case letters, digits, '-' and '.', e.g. tenant-a (no namespace/ prefix)"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="clusterName is immutable"
+	ClusterName string `json:"clusterName"`
+
+	// apiServices selects guest APIServices, e.g. v1beta1.metrics.k8s.io.
+	// +optional
+	APIServices *TargetSelector `json:"apiServices,omitempty"`
+
+	// validatingWebhooks selects guest ValidatingWebhookConfigurations, e.g. cert-manager-webhook.
+	// +optional
+	ValidatingWebhooks *TargetSelector `json:"validatingWebhooks,omitempty"`
+
+	// mutatingWebhooks selects guest MutatingWebhookConfigurations.
+	// +optional
+	MutatingWebhooks *TargetSelector `json:"mutatingWebhooks,omitempty"`
+
+	// nodePortRange is the small fixed range of guest nodePorts the bridge uses, declared once
+	// on the worker VMs so bridging one more target does not roll the workers.
+	// +optional
+	// +kubebuilder:default={start: 32700, size: 16}
+	NodePortRange NodePortRange `json:"nodePortRange,omitzero"` // omitzero: omitempty never omits a struct, so Go clients sent {start: 0, size: 0} and were rejected instead of defaulted
+
+	// mode: Auto leaves alone targets the guest apiserver already reaches; Always bridges all.
+	// +optional
+	// +kubebuilder:default=Auto
+	Mode BridgeMode `json:"mode,omitempty"`
+}
+
+// TargetSelector selects guest objects of one kind by name, by label, or all that reference
+// a Service. The selections add up.
+// +kubebuilder:validation:XValidation:rule="(has(self.names) && size(self.names) > 0) || has(self.selector) || (has(self.all) && self.all)",message="give names, a selector, or all: true"
+type TargetSelector struct {
+	// names of the objects.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="each name must be the name of a guest object, e.g. v1beta1.metrics.k8s.io or cert-manager-webhook (an APIService is named <version>.<group>, not <group>/<version>)"
+	Names []string `json:"names,omitempty"`
+
+	// selector selects the objects by label.
+	// +optional
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+
+	// all selects every object of the kind that references a Service.
+	// +optional
+	All bool `json:"all,omitempty"`
+}
+
+// NodePortRange is a contiguous range of guest nodePorts.
+// +kubebuilder:validation:XValidation:rule="self.start + self.size - 1 <= 32767",message="nodePortRange must end at or below 32767"
+type NodePortRange struct {
+	// start is the first nodePort of the range.
+	// +required
+	// +kubebuilder:validation:Minimum=30000
+	// +kubebuilder:validation:Maximum=32767
+	Start int32 `json:"start"`
+
+	// size is the number of nodePorts in the range.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	Size int32 `json:"size"`
+}
+
+// GuestWebhookBridgeStatus is what guestnet observed and did, target by target.
+type GuestWebhookBridgeStatus struct {
+	// targets has one entry per selected guest object (per webhook for webhook configurations).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=256
+	Targets []TargetStatus `json:"targets,omitempty"`
+
+	// bridgedTargets counts the targets that reach their endpoint through the bridge or
+	// were left alone because they already reach it.
+	// +optional
+	BridgedTargets int32 `json:"bridgedTargets"`
+
+	// totalTargets counts the selected targets.
+	// +optional
+	TotalTargets int32 `json:"totalTargets"`
+
+	// observedGeneration is the generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Ready, Paused, ClusterAvailable, TargetsBridged, TargetsReachable, PortsDeclared.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// TargetStatus answers the runbook's questions for one target.
+type TargetStatus struct {
+	// kind of the guest object.
+	// +required
+	Kind TargetKind `json:"kind"`
+	// name of the guest object.
+	// +required
+	Name string `json:"name"`
+	// webhook is the name of the webhook inside a webhook configuration.
+	// +optional
+	Webhook string `json:"webhook,omitempty"`
+	// guestService is the Service (namespace/name) the target originally referenced.
+	// +optional
+	GuestService string `json:"guestService,omitempty"`
+	// nodePort is the guest nodePort of the bridge's NodePort Service for this target.
+	// +optional
+	NodePort int32 `json:"nodePort,omitempty"`
+	// hostService is the name of the host ClusterIP Service the guest apiserver dials.
+	// +optional
+	HostService string `json:"hostService,omitempty"`
+	// url is the webhook URL written into the guest configuration.
+	// +optional
+	URL string `json:"url,omitempty"`
+	// tlsServerName is the name the target's serving certificate must carry.
+	// +optional
+	TLSServerName string `json:"tlsServerName,omitempty"`
+	// bridged is true when the target is repointed (or left alone because it is reachable).
+	// +optional
+	Bridged bool `json:"bridged"`
+	// reachable is true when the endpoint answered from the host network.
+	// +optional
+	Reachable *bool `json:"reachable,omitempty"`
+	// message says what is wrong and what to do about it.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=guestwebhookbridges,scope=Namespaced,shortName=gwb,categories=cluster-api;guestnet
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".spec.clusterName",description="CAPI Cluster"
+// +kubebuilder:printcolumn:name="Bridged",type="integer",JSONPath=".status.bridgedTargets",description="Targets bridged"
+// +kubebuilder:printcolumn:name="Total",type="integer",JSONPath=".status.totalTargets",description="Targets selected"
+// +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status"
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// GuestWebhookBridge repoints guest APIServices and webhook configurations at endpoints the
+// guest control plane (on the host network) can reach, keeps them repaired, and restores
+// the originals when removed.
+type GuestWebhookBridge struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec selects the targets.
+	// +required
+	Spec GuestWebhookBridgeSpec `json:"spec"`
+
+	// status reports each target.
+	// +optional
+	Status GuestWebhookBridgeStatus `json:"status,omitempty"`
+}
+
+// GetConditions returns the conditions (CAPI util/conditions Getter).
+func (g *GuestWebhookBridge) GetConditions() []metav1.Condition { return g.Status.Conditions }
+
+// SetConditions sets the conditions (CAPI util/conditions Setter).
+func (g *GuestWebhookBridge) SetConditions(c []metav1.Condition) { g.Status.Conditions = c }
+
+// +kubebuilder:object:root=true
+
+// GuestWebhookBridgeList is a list of GuestWebhookBridge.
+type GuestWebhookBridgeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GuestWebhookBridge `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&GuestWebhookBridge{}, &GuestWebhookBridgeList{})
+}

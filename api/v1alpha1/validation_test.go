@@ -1,0 +1,614 @@
+package v1alpha1_test
+
+// Server-side validation of the guestnet API: every case creates an object in a REAL
+// kube-apiserver (the lab's host control plane, with config/crd/bases installed) and checks
+// that it is accepted, or rejected with a message that names the mistake. A rejection is only
+// counted when its message carries the expected fragment, so weakening or removing a marker
+// makes a case fail.
+//
+// Objects are written as unstructured YAML (what kubectl users send, with kubectl's strict
+// field validation), plus a few typed objects (what the controllers and Go users send).
+//
+// Run with: make test TEST_PKGS=./api/... TEST_ARGS='-run TestValidation -v'
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	corev1 "k8s.io/api/core/v1"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+)
+
+// --- one lab per test binary ------------------------------------------------------------
+
+var (
+	labOnce sync.Once
+	theLab  *lab.Lab
+	labDir  string
+	labErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if theLab != nil {
+		theLab.Stop()
+	}
+	if labDir != "" {
+		_ = os.RemoveAll(labDir)
+	}
+	os.Exit(code)
+}
+
+// hostLab starts the shared lab (host control plane only) on first use; it skips the test
+// outside the lab namespace (see lab.RequireLab).
+func hostLab(t *testing.T) *lab.Lab {
+	t.Helper()
+	lab.RequireLab(t)
+	labOnce.Do(func() {
+		if labDir, labErr = os.MkdirTemp("", "guestnet-api-validation-"); labErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		theLab, labErr = lab.Start(ctx, lab.Options{SkipGuest: true, Dir: labDir})
+	})
+	if labErr != nil {
+		t.Fatalf("starting the lab: %v", labErr)
+	}
+	return theLab
+}
+
+// testNamespace creates a namespace for one test function.
+func testNamespace(t *testing.T, c client.Client, name string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := c.Create(context.Background(), ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating namespace %s: %v", name, err)
+	}
+	return name
+}
+
+// --- the cases ------------------------------------------------------------------------------
+
+// specCase is one spec a user may write: the base spec with patch merged in (JSON merge
+// patch semantics: maps merge, lists and scalars replace, null deletes). want is "" when the
+// apiserver must accept the object, or a fragment of the rejection message.
+type specCase struct {
+	intent string
+	patch  string
+	want   string
+}
+
+const giBase = `
+clusterName: tenant-a
+guestService: {namespace: projectcontour, name: envoy}
+loadBalancer: {ip: 10.2.6.220}
+`
+
+func TestValidationGuestIngress(t *testing.T) {
+	cases := []specCase{
+		// clusterName
+		{"minimal spec accepted", `{}`, ""},
+		{"missing clusterName rejected", `{clusterName: null}`, `spec.clusterName: Required value`},
+		{"empty clusterName rejected", `{clusterName: ""}`, `spec.clusterName in body should be at least 1 chars long`},
+		{"clusterName over 63 characters rejected", `{clusterName: ` + strings.Repeat("c", 64) + `}`, `spec.clusterName: Too long: may not be more than 63`},
+
+		// guestService
+		{"missing guestService rejected", `{guestService: null}`, `spec.guestService: Required value`},
+		{"missing guestService namespace rejected", `{guestService: {namespace: null}}`, `spec.guestService.namespace: Required value`},
+		{"missing guestService name rejected", `{guestService: {name: null}}`, `spec.guestService.name: Required value`},
+		{"empty guestService name rejected", `{guestService: {name: ""}}`, `spec.guestService.name in body should be at least 1 chars long`},
+		{"upper-case guestService namespace rejected", `{guestService: {namespace: ProjectContour}}`, `spec.guestService.namespace in body should match`},
+		{"guestService namespace/name in one field rejected", `{guestService: {name: projectcontour/envoy}}`, `spec.guestService.name in body should match`},
+		{"dotted guestService name rejected", `{guestService: {name: envoy.projectcontour}}`, `spec.guestService.name in body should match`},
+		{"guestService name ending in a dash rejected", `{guestService: {name: envoy-}}`, `spec.guestService.name in body should match`},
+		{"guestService name over 63 characters rejected", `{guestService: {name: ` + strings.Repeat("e", 64) + `}}`, `spec.guestService.name: Too long: may not be more than 63`},
+
+		// ports
+		{"explicit ports accepted", `{ports: [{name: http, port: 80, nodePort: 30080}, {name: https, port: 443, nodePort: 30443}]}`, ""},
+		{"empty ports list rejected", `{ports: []}`, `spec.ports in body should have at least 1 items`},
+		{"port 0 rejected", `{ports: [{name: http, port: 0}]}`, `spec.ports[0].port in body should be greater than or equal to 1`},
+		{"port 65536 rejected", `{ports: [{name: http, port: 65536}]}`, `spec.ports[0].port in body should be less than or equal to 65535`},
+		{"port without number rejected", `{ports: [{name: http}]}`, `spec.ports[0].port: Required value`},
+		{"port without name rejected", `{ports: [{port: 80}]}`, `spec.ports[0].name: Required value`},
+		{"nodePort 29999 rejected", `{ports: [{name: http, port: 80, nodePort: 29999}]}`, `spec.ports[0].nodePort in body should be greater than or equal to 30000`},
+		{"nodePort 32768 rejected", `{ports: [{name: http, port: 80, nodePort: 32768}]}`, `spec.ports[0].nodePort in body should be less than or equal to 32767`},
+		{"nodePort 30000 and 32767 accepted", `{ports: [{name: low, port: 80, nodePort: 30000}, {name: high, port: 443, nodePort: 32767}]}`, ""},
+		{"upper-case port name rejected", `{ports: [{name: HTTP, port: 80}]}`, `spec.ports[0].name in body should match`},
+		{"port name over 15 characters rejected", `{ports: [{name: http-alternative, port: 8080}]}`, `spec.ports[0].name: Too long: may not be more than 15`},
+		{"duplicate port names rejected", `{ports: [{name: http, port: 80}, {name: http, port: 8080}]}`, `spec.ports[1]: Duplicate value`},
+		{"duplicate nodePorts rejected", `{ports: [{name: http, port: 80, nodePort: 30080}, {name: alt, port: 8080, nodePort: 30080}]}`, `each nodePort may be used by one port only`},
+		{"same port and protocol twice rejected", `{ports: [{name: http, port: 80, protocol: TCP}, {name: web, port: 80, protocol: TCP}]}`, `each port/protocol pair may be listed once only`},
+		{"same port twice with the defaulted protocol rejected", `{ports: [{name: http, port: 80}, {name: web, port: 80, protocol: TCP}]}`, `each port/protocol pair may be listed once only`},
+		{"same port with TCP and UDP accepted", `{ports: [{name: https, port: 443, protocol: TCP}, {name: quic, port: 443, protocol: UDP}]}`, ""},
+		{"protocol SCTP rejected", `{ports: [{name: http, port: 80, protocol: SCTP}]}`, `spec.ports[0].protocol: Unsupported value: "SCTP"`},
+		{"lower-case protocol rejected", `{ports: [{name: http, port: 80, protocol: tcp}]}`, `spec.ports[0].protocol: Unsupported value: "tcp"`},
+		{"16 ports accepted", `{ports: ` + ports(16) + `}`, ""},
+		{"17 ports rejected", `{ports: ` + ports(17) + `}`, `spec.ports: Too many: 17: must have at most 16 items`},
+
+		// loadBalancer: where the IP comes from
+		{"missing loadBalancer rejected", `{loadBalancer: null}`, `spec.loadBalancer: Required value`},
+		{"loadBalancer with none of ip/cidrs/poolRef rejected", `{loadBalancer: {ip: null, class: io.cilium/l2-announcer}}`, `loadBalancer needs ip, cidrs or poolRef`},
+		{"invalid IPv4 octet rejected", `{loadBalancer: {ip: 10.2.6.300}}`, `ip must be an IPv4 or IPv6 address`},
+		{"ip that is no address rejected", `{loadBalancer: {ip: not-an-ip}}`, `ip must be an IPv4 or IPv6 address`},
+		{"ip with a prefix length rejected", `{loadBalancer: {ip: 10.2.6.220/32}}`, `ip must be an IPv4 or IPv6 address`},
+		{"empty ip rejected", `{loadBalancer: {ip: ""}}`, `ip must be an IPv4 or IPv6 address`},
+		{"IPv6 ip accepted", `{loadBalancer: {ip: "2001:db8::10"}}`, ""},
+		{"cidrs alone accepted", `{loadBalancer: {ip: null, cidrs: [10.2.6.220/29]}}`, ""},
+		{"invalid cidr rejected", `{loadBalancer: {ip: null, cidrs: [10.2.6.0/33]}}`, `each cidr must be a CIDR such as 10.2.6.220/29`},
+		{"cidr without prefix length rejected", `{loadBalancer: {ip: null, cidrs: [10.2.6.220]}}`, `each cidr must be a CIDR such as 10.2.6.220/29`},
+		{"duplicate cidrs rejected", `{loadBalancer: {ip: null, cidrs: [10.2.6.220/29, 10.2.6.220/29]}}`, `spec.loadBalancer.cidrs[1]: Duplicate value`},
+		{"empty cidrs list rejected", `{loadBalancer: {ip: null, cidrs: []}}`, `spec.loadBalancer.cidrs in body should have at least 1 items`},
+		{"9 cidrs rejected", `{loadBalancer: {ip: null, cidrs: ` + cidrs(9) + `}}`, `spec.loadBalancer.cidrs: Too many: 9: must have at most 8 items`},
+		{"ip inside cidrs accepted", `{loadBalancer: {ip: 10.2.6.221, cidrs: [10.2.6.220/29]}}`, ""},
+		{"ip inside the second cidr accepted", `{loadBalancer: {ip: 10.2.8.1, cidrs: [10.2.6.220/29, 10.2.8.0/30]}}`, ""},
+		{"ip outside cidrs rejected", `{loadBalancer: {ip: 10.2.7.1, cidrs: [10.2.6.220/29]}}`, `loadBalancer.ip must be inside one of loadBalancer.cidrs`},
+		{"IPv6 ip inside IPv6 cidr accepted", `{loadBalancer: {ip: "2001:db8::10", cidrs: ["2001:db8::/120"]}}`, ""},
+		{"IPv6 ip with IPv4 cidrs rejected", `{loadBalancer: {ip: "2001:db8::10", cidrs: [10.2.6.220/29]}}`, `loadBalancer.ip must be inside one of loadBalancer.cidrs`},
+		{"invalid ip with cidrs reports the bad ip", `{loadBalancer: {ip: 10.2.6.300, cidrs: [10.2.6.220/29]}}`, `ip must be an IPv4 or IPv6 address`},
+		{"invalid cidr with ip reports the bad cidr", `{loadBalancer: {ip: 10.2.6.221, cidrs: [10.2.6.220/29, 10.2.6.0/33]}}`, `spec.loadBalancer.cidrs[1]: Invalid value: "10.2.6.0/33": each cidr must be a CIDR`},
+		{"poolRef alone accepted", `{loadBalancer: {ip: null, poolRef: {name: shared-pool}}}`, ""},
+		{"ip with poolRef accepted", `{loadBalancer: {poolRef: {name: shared-pool}}}`, ""},
+		{"poolRef without name rejected", `{loadBalancer: {poolRef: {}}}`, `spec.loadBalancer.poolRef.name: Required value`},
+		{"cidrs and poolRef together rejected", `{loadBalancer: {cidrs: [10.2.6.220/29], poolRef: {name: shared-pool}}}`, `loadBalancer.cidrs and loadBalancer.poolRef are mutually exclusive`},
+
+		// loadBalancer: the host Service and the announcement
+		{"externalTrafficPolicy Local accepted", `{loadBalancer: {externalTrafficPolicy: Local}}`, ""},
+		{"unknown externalTrafficPolicy rejected", `{loadBalancer: {externalTrafficPolicy: local}}`, `spec.loadBalancer.externalTrafficPolicy: Unsupported value: "local"`},
+		{"empty class rejected", `{loadBalancer: {class: ""}}`, `spec.loadBalancer.class in body should be at least 1 chars long`},
+		{"another class accepted", `{loadBalancer: {class: metallb.io/metallb}}`, ""},
+		{"l2 interfaces and nodeSelector accepted", `{loadBalancer: {l2: {interfaces: ["^eth0$"], nodeSelector: {matchLabels: {node-role.kubernetes.io/worker: ""}}}}}`, ""},
+		{"empty l2 interface rejected", `{loadBalancer: {l2: {interfaces: [""]}}}`, `spec.loadBalancer.l2.interfaces[0] in body should be at least 1 chars long`},
+		{"annotations and labels accepted", `{loadBalancer: {annotations: {a.example.com/b: c}, labels: {team: web}}}`, ""},
+
+		// declarePorts and typos
+		{"declarePorts false accepted", `{declarePorts: false}`, ""},
+		{"declarePorts as a string rejected", `{declarePorts: "yes"}`, `spec.declarePorts: Invalid value: "string": spec.declarePorts in body must be of type boolean`},
+		{"misspelt field rejected (strict field validation, as kubectl)", `{declarePort: false}`, `unknown field "spec.declarePort"`},
+	}
+	runSpecCases(t, "GuestIngress", "gi-validation", giBase, cases)
+}
+
+const gwbBase = `
+clusterName: tenant-a
+apiServices: {names: [v1beta1.metrics.k8s.io]}
+`
+
+func TestValidationGuestWebhookBridge(t *testing.T) {
+	cases := []specCase{
+		// clusterName
+		{"minimal spec accepted", `{}`, ""},
+		{"missing clusterName rejected", `{clusterName: null}`, `spec.clusterName: Required value`},
+		{"empty clusterName rejected", `{clusterName: ""}`, `spec.clusterName in body should be at least 1 chars long`},
+
+		// which targets
+		{"no target kind selected rejected", `{apiServices: null}`, `select at least one of apiServices, validatingWebhooks, mutatingWebhooks`},
+		{"empty apiServices selector rejected", `{apiServices: {names: null}}`, `spec.apiServices: Invalid value: give names, a selector, or all: true`},
+		{"empty names list rejected", `{apiServices: {names: []}}`, `give names, a selector, or all: true`},
+		{"all: false alone rejected", `{apiServices: {names: null, all: false}}`, `give names, a selector, or all: true`},
+		{"empty validatingWebhooks selector rejected", `{validatingWebhooks: {}}`, `spec.validatingWebhooks: Invalid value: give names, a selector, or all: true`},
+		{"empty mutatingWebhooks selector rejected", `{mutatingWebhooks: {}}`, `spec.mutatingWebhooks: Invalid value: give names, a selector, or all: true`},
+		{"validatingWebhooks by name accepted", `{apiServices: null, validatingWebhooks: {names: [cert-manager-webhook]}}`, ""},
+		{"mutatingWebhooks by selector accepted", `{apiServices: null, mutatingWebhooks: {selector: {matchLabels: {app.kubernetes.io/instance: kyverno}}}}`, ""},
+		{"apiServices all accepted", `{apiServices: {names: null, all: true}}`, ""},
+		{"all three kinds accepted", `{validatingWebhooks: {all: true}, mutatingWebhooks: {names: [cert-manager-webhook]}}`, ""},
+		{"duplicate names rejected", `{apiServices: {names: [v1beta1.metrics.k8s.io, v1beta1.metrics.k8s.io]}}`, `spec.apiServices.names[1]: Duplicate value`},
+		{"empty name rejected", `{apiServices: {names: [""]}}`, `spec.apiServices.names[0] in body should be at least 1 chars long`},
+		{"65 names rejected", `{apiServices: {names: ` + names(65) + `}}`, `spec.apiServices.names: Too many: 65: must have at most 64 items`},
+
+		// nodePortRange
+		{"nodePortRange inside the nodePort range accepted", `{nodePortRange: {start: 30100, size: 8}}`, ""},
+		{"nodePortRange ending exactly at 32767 accepted", `{nodePortRange: {start: 32752, size: 16}}`, ""},
+		{"nodePortRange start 29999 rejected", `{nodePortRange: {start: 29999, size: 16}}`, `spec.nodePortRange.start in body should be greater than or equal to 30000`},
+		{"nodePortRange start 32768 rejected", `{nodePortRange: {start: 32768, size: 1}}`, `spec.nodePortRange.start in body should be less than or equal to 32767`},
+		{"nodePortRange ending above 32767 rejected", `{nodePortRange: {start: 32760, size: 16}}`, `nodePortRange must end at or below 32767`},
+		{"nodePortRange size 0 rejected", `{nodePortRange: {start: 32700, size: 0}}`, `spec.nodePortRange.size in body should be greater than or equal to 1`},
+		{"nodePortRange size 65 rejected", `{nodePortRange: {start: 30000, size: 65}}`, `spec.nodePortRange.size in body should be less than or equal to 64`},
+		{"nodePortRange without size rejected", `{nodePortRange: {start: 32700}}`, `spec.nodePortRange.size: Required value`},
+		{"nodePortRange without start rejected", `{nodePortRange: {size: 16}}`, `spec.nodePortRange.start: Required value`},
+
+		// mode
+		{"mode Always accepted", `{mode: Always}`, ""},
+		{"mode Auto accepted", `{mode: Auto}`, ""},
+		{"lower-case mode rejected", `{mode: always}`, `spec.mode: Unsupported value: "always"`},
+		{"unknown mode rejected", `{mode: Never}`, `spec.mode: Unsupported value: "Never"`},
+		{"misspelt field rejected (strict field validation, as kubectl)", `{apiService: {all: true}}`, `unknown field "spec.apiService"`},
+	}
+	runSpecCases(t, "GuestWebhookBridge", "gwb-validation", gwbBase, cases)
+}
+
+// runSpecCases creates one object per case in its own name and checks the outcome.
+func runSpecCases(t *testing.T, kind, namespace, base string, cases []specCase) {
+	l := hostLab(t)
+	c := l.Host.Client
+	ns := testNamespace(t, c, namespace)
+	for i, tc := range cases {
+		t.Run(tc.intent, func(t *testing.T) {
+			g := NewWithT(t)
+			spec := mergeYAML(t, base, tc.patch)
+			obj := newObject(kind, ns, fmt.Sprintf("case-%03d", i), spec)
+			err := c.Create(context.Background(), obj, client.FieldValidation("Strict"))
+			if tc.want == "" {
+				g.Expect(err).NotTo(HaveOccurred(), "spec:\n%s", toYAML(spec))
+				return
+			}
+			g.Expect(err).To(HaveOccurred(), "the apiserver accepted it; expected a rejection containing %q; spec:\n%s", tc.want, toYAML(spec))
+			g.Expect(apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)).To(BeTrue(), "unexpected kind of error: %v", err)
+			g.Expect(err.Error()).To(ContainSubstring(tc.want))
+			// A user must never see a CEL runtime error instead of the rule's message.
+			g.Expect(err.Error()).NotTo(Or(ContainSubstring("no such overload"), ContainSubstring("no such key"),
+				ContainSubstring("evaluation error"), ContainSubstring("cost")))
+			t.Logf("rejected as expected: %v", err)
+		})
+	}
+}
+
+// --- defaults ---------------------------------------------------------------------------
+
+func TestValidationGuestIngressDefaults(t *testing.T) {
+	c := hostLab(t).Host.Client
+	ns := testNamespace(t, c, "gi-defaults")
+	ctx := context.Background()
+
+	t.Run("defaults applied when omitted", func(t *testing.T) {
+		g := NewWithT(t)
+		obj := newObject("GuestIngress", ns, "omitted", mergeYAML(t, giBase, `{}`))
+		g.Expect(c.Create(ctx, obj, client.FieldValidation("Strict"))).To(Succeed())
+
+		gi := &guestnetv1.GuestIngress{}
+		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(obj), gi)).To(Succeed())
+		g.Expect(gi.Spec.Ports).To(Equal([]guestnetv1.IngressPort{
+			{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+			{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP},
+		}))
+		g.Expect(gi.Spec.LoadBalancer.Class).To(Equal(guestnetv1.DefaultLoadBalancerClass))
+		g.Expect(gi.Spec.LoadBalancer.Class).To(Equal("io.cilium/l2-announcer"))
+		g.Expect(gi.Spec.LoadBalancer.ExternalTrafficPolicy).To(Equal(corev1.ServiceExternalTrafficPolicyCluster))
+		g.Expect(gi.Spec.DeclarePorts).To(Equal(ptr.To(true)))
+	})
+
+	t.Run("protocol defaulted on each given port", func(t *testing.T) {
+		g := NewWithT(t)
+		obj := newObject("GuestIngress", ns, "protocol", mergeYAML(t, giBase, `{ports: [{name: http, port: 80, nodePort: 30080}]}`))
+		g.Expect(c.Create(ctx, obj)).To(Succeed())
+		gi := &guestnetv1.GuestIngress{}
+		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(obj), gi)).To(Succeed())
+		g.Expect(gi.Spec.Ports).To(Equal([]guestnetv1.IngressPort{
+			{Name: "http", Port: 80, NodePort: ptr.To[int32](30080), Protocol: corev1.ProtocolTCP},
+		}))
+	})
+
+	t.Run("explicit values kept", func(t *testing.T) {
+		g := NewWithT(t)
+		obj := newObject("GuestIngress", ns, "explicit", mergeYAML(t, giBase,
+			`{declarePorts: false, loadBalancer: {class: metallb.io/metallb, externalTrafficPolicy: Local}}`))
+		g.Expect(c.Create(ctx, obj)).To(Succeed())
+		gi := &guestnetv1.GuestIngress{}
+		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(obj), gi)).To(Succeed())
+		g.Expect(gi.Spec.DeclarePorts).To(Equal(ptr.To(false)))
+		g.Expect(gi.Spec.LoadBalancer.Class).To(Equal("metallb.io/metallb"))
+		g.Expect(gi.Spec.LoadBalancer.ExternalTrafficPolicy).To(Equal(corev1.ServiceExternalTrafficPolicyLocal))
+	})
+
+	// What the controllers and Go users send: zero values of the Go types must not be
+	// rejected and must be defaulted like omitted fields.
+	t.Run("typed Go object with only the required fields accepted and defaulted", func(t *testing.T) {
+		g := NewWithT(t)
+		gi := &guestnetv1.GuestIngress{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "typed"},
+			Spec: guestnetv1.GuestIngressSpec{
+				ClusterName:  "tenant-a",
+				GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
+				LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+			},
+		}
+		g.Expect(c.Create(ctx, gi)).To(Succeed())
+		g.Expect(gi.Spec.Ports).To(HaveLen(2))
+		g.Expect(gi.Spec.LoadBalancer.Class).To(Equal(guestnetv1.DefaultLoadBalancerClass))
+		g.Expect(gi.Spec.LoadBalancer.ExternalTrafficPolicy).To(Equal(corev1.ServiceExternalTrafficPolicyCluster))
+		g.Expect(gi.Spec.DeclarePorts).To(Equal(ptr.To(true)))
+	})
+}
+
+func TestValidationGuestWebhookBridgeDefaults(t *testing.T) {
+	c := hostLab(t).Host.Client
+	ns := testNamespace(t, c, "gwb-defaults")
+	ctx := context.Background()
+
+	t.Run("defaults applied when omitted", func(t *testing.T) {
+		g := NewWithT(t)
+		obj := newObject("GuestWebhookBridge", ns, "omitted", mergeYAML(t, gwbBase, `{}`))
+		g.Expect(c.Create(ctx, obj, client.FieldValidation("Strict"))).To(Succeed())
+		gwb := &guestnetv1.GuestWebhookBridge{}
+		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(obj), gwb)).To(Succeed())
+		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 32700, Size: 16}))
+		g.Expect(gwb.Spec.Mode).To(Equal(guestnetv1.BridgeModeAuto))
+	})
+
+	// A typed object with a zero NodePortRange must get the default range, not be rejected
+	// for start 0 / size 0.
+	t.Run("typed Go object without nodePortRange and mode accepted and defaulted", func(t *testing.T) {
+		g := NewWithT(t)
+		gwb := &guestnetv1.GuestWebhookBridge{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "typed"},
+			Spec: guestnetv1.GuestWebhookBridgeSpec{
+				ClusterName: "tenant-a",
+				APIServices: &guestnetv1.TargetSelector{Names: []string{"v1beta1.metrics.k8s.io"}},
+			},
+		}
+		g.Expect(c.Create(ctx, gwb)).To(Succeed())
+		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 32700, Size: 16}))
+		g.Expect(gwb.Spec.Mode).To(Equal(guestnetv1.BridgeModeAuto))
+	})
+
+	t.Run("typed Go object with an empty selector rejected", func(t *testing.T) {
+		g := NewWithT(t)
+		gwb := &guestnetv1.GuestWebhookBridge{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "typed-empty"},
+			Spec: guestnetv1.GuestWebhookBridgeSpec{
+				ClusterName:        "tenant-a",
+				ValidatingWebhooks: &guestnetv1.TargetSelector{},
+			},
+		}
+		err := c.Create(ctx, gwb)
+		g.Expect(err).To(HaveOccurred())
+		g.Expect(err.Error()).To(ContainSubstring("give names, a selector, or all: true"))
+	})
+}
+
+// --- updates ------------------------------------------------------------------------------
+
+func TestValidationImmutableClusterName(t *testing.T) {
+	c := hostLab(t).Host.Client
+	ns := testNamespace(t, c, "immutable")
+	ctx := context.Background()
+
+	for _, tc := range []struct {
+		kind, base, otherChange string
+	}{
+		{"GuestIngress", giBase, `{ports: [{name: http, port: 80, nodePort: 30080}]}`},
+		{"GuestWebhookBridge", gwbBase, `{mode: Always}`},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			g := NewWithT(t)
+			obj := newObject(tc.kind, ns, strings.ToLower(tc.kind), mergeYAML(t, tc.base, `{}`))
+			g.Expect(c.Create(ctx, obj)).To(Succeed())
+
+			renamed := obj.DeepCopy()
+			g.Expect(unstructured.SetNestedField(renamed.Object, "tenant-b", "spec", "clusterName")).To(Succeed())
+			err := c.Update(ctx, renamed)
+			g.Expect(err).To(HaveOccurred(), "changing clusterName was accepted")
+			g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "unexpected kind of error: %v", err)
+			g.Expect(err.Error()).To(ContainSubstring(`spec.clusterName: Invalid value: "tenant-b": clusterName is immutable`))
+
+			// Other fields stay editable, and rewriting the same clusterName is no change.
+			edited := obj.DeepCopy()
+			edited.Object["spec"] = mergeYAML(t, tc.base, tc.otherChange)
+			g.Expect(c.Update(ctx, edited)).To(Succeed())
+		})
+	}
+}
+
+// --- what kubectl shows -------------------------------------------------------------------
+
+func TestValidationCRDNamesAndPrinterColumns(t *testing.T) {
+	l := hostLab(t)
+	c := l.Host.Client
+	ctx := context.Background()
+
+	for _, tc := range []struct {
+		crd, kind, shortName string
+		columns              []string
+	}{
+		{"guestingresses.guestnet.addons.cluster.x-k8s.io", "GuestIngress", "gi",
+			[]string{"Cluster", "IP", "Endpoints", "Ready", "Age"}},
+		{"guestwebhookbridges.guestnet.addons.cluster.x-k8s.io", "GuestWebhookBridge", "gwb",
+			[]string{"Cluster", "Bridged", "Total", "Ready", "Age"}},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			g := NewWithT(t)
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			g.Expect(c.Get(ctx, client.ObjectKey{Name: tc.crd}, crd)).To(Succeed())
+			g.Expect(crd.Spec.Names.Kind).To(Equal(tc.kind))
+			g.Expect(crd.Spec.Names.ShortNames).To(ConsistOf(tc.shortName))
+			g.Expect(crd.Spec.Names.Categories).To(ContainElements("cluster-api", "guestnet"))
+			g.Expect(crd.Spec.Scope).To(Equal(apiextensionsv1.NamespaceScoped))
+			g.Expect(crd.Status.AcceptedNames.ShortNames).To(ConsistOf(tc.shortName), "the apiserver did not accept the short name")
+			g.Expect(crd.Spec.Versions).To(HaveLen(1))
+			v := crd.Spec.Versions[0]
+			g.Expect(v.Name).To(Equal("v1alpha1"))
+			g.Expect(v.Served && v.Storage).To(BeTrue())
+			g.Expect(v.Subresources).NotTo(BeNil())
+			g.Expect(v.Subresources.Status).NotTo(BeNil(), "no status subresource")
+			var columns []string
+			for _, col := range v.AdditionalPrinterColumns {
+				columns = append(columns, col.Name)
+			}
+			g.Expect(columns).To(Equal(tc.columns))
+		})
+	}
+
+	// The columns must also show the right values: ask the apiserver for the Table kubectl
+	// prints, after a status update through the status subresource.
+	t.Run("GuestIngress table", func(t *testing.T) {
+		g := NewWithT(t)
+		ns := testNamespace(t, c, "printer-columns")
+		gi := &guestnetv1.GuestIngress{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tenant-a"},
+			Spec: guestnetv1.GuestIngressSpec{
+				ClusterName:  "tenant-a",
+				GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
+				LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+			},
+		}
+		g.Expect(c.Create(ctx, gi)).To(Succeed())
+		gi.Status.LoadBalancerIP = "10.2.6.220"
+		gi.Status.ReadyEndpoints = 3
+		gi.Status.Conditions = []metav1.Condition{readyCondition()}
+		g.Expect(c.Status().Update(ctx, gi)).To(Succeed())
+
+		row := tableRow(t, l.Host.Config, "/apis/guestnet.addons.cluster.x-k8s.io/v1alpha1/namespaces/"+ns+"/guestingresses")
+		g.Expect(row.columns).To(Equal([]string{"Name", "Cluster", "IP", "Endpoints", "Ready", "Age"}))
+		g.Expect(row.cells[:5]).To(Equal([]string{"tenant-a", "tenant-a", "10.2.6.220", "3", "True"}))
+	})
+
+	t.Run("GuestWebhookBridge table", func(t *testing.T) {
+		g := NewWithT(t)
+		ns := testNamespace(t, c, "printer-columns")
+		gwb := &guestnetv1.GuestWebhookBridge{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tenant-a"},
+			Spec: guestnetv1.GuestWebhookBridgeSpec{
+				ClusterName: "tenant-a",
+				APIServices: &guestnetv1.TargetSelector{All: true},
+			},
+		}
+		g.Expect(c.Create(ctx, gwb)).To(Succeed())
+		gwb.Status.BridgedTargets = 1
+		gwb.Status.TotalTargets = 2
+		gwb.Status.Conditions = []metav1.Condition{readyCondition()}
+		gwb.Status.Conditions[0].Status = metav1.ConditionFalse
+		gwb.Status.Conditions[0].Reason = guestnetv1.NotReadyReason
+		g.Expect(c.Status().Update(ctx, gwb)).To(Succeed())
+
+		row := tableRow(t, l.Host.Config, "/apis/guestnet.addons.cluster.x-k8s.io/v1alpha1/namespaces/"+ns+"/guestwebhookbridges")
+		g.Expect(row.columns).To(Equal([]string{"Name", "Cluster", "Bridged", "Total", "Ready", "Age"}))
+		g.Expect(row.cells[:5]).To(Equal([]string{"tenant-a", "tenant-a", "1", "2", "False"}))
+	})
+}
+
+func readyCondition() metav1.Condition {
+	return metav1.Condition{
+		Type: guestnetv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: guestnetv1.ReadyReason,
+		Message: "", LastTransitionTime: metav1.Now(),
+	}
+}
+
+type tableResult struct {
+	columns []string
+	cells   []string
+}
+
+// tableRow lists path as the Table kubectl prints and returns its only row.
+func tableRow(t *testing.T, cfg *rest.Config, path string) tableResult {
+	t.Helper()
+	g := NewWithT(t)
+	httpClient, err := rest.HTTPClientFor(cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+path, nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := httpClient.Do(req)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
+	table := &metav1.Table{}
+	g.Expect(json.NewDecoder(resp.Body).Decode(table)).To(Succeed())
+	g.Expect(table.Rows).To(HaveLen(1))
+	var res tableResult
+	for _, col := range table.ColumnDefinitions {
+		res.columns = append(res.columns, col.Name)
+	}
+	for _, cell := range table.Rows[0].Cells {
+		res.cells = append(res.cells, fmt.Sprint(cell))
+	}
+	return res
+}
+
+// --- helpers ------------------------------------------------------------------------------
+
+func newObject(kind, namespace, name string, spec map[string]any) *unstructured.Unstructured {
+	obj := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	obj.SetAPIVersion(guestnetv1.GroupVersion.String())
+	obj.SetKind(kind)
+	obj.SetNamespace(namespace)
+	obj.SetName(name)
+	return obj
+}
+
+// mergeYAML merges patch into base (JSON merge patch: maps merge, everything else replaces,
+// null deletes) and returns the result as an unstructured spec.
+func mergeYAML(t *testing.T, base, patch string) map[string]any {
+	t.Helper()
+	var b, p map[string]any
+	if err := yaml.Unmarshal([]byte(base), &b); err != nil {
+		t.Fatalf("base spec: %v", err)
+	}
+	if err := yaml.Unmarshal([]byte(patch), &p); err != nil {
+		t.Fatalf("patch %s: %v", patch, err)
+	}
+	return mergeMaps(b, p)
+}
+
+func mergeMaps(base, patch map[string]any) map[string]any {
+	out := map[string]any{}
+	if base != nil {
+		out = runtime.DeepCopyJSON(base)
+	}
+	for k, v := range patch {
+		switch pv := v.(type) {
+		case nil:
+			delete(out, k)
+		case map[string]any:
+			bv, _ := out[k].(map[string]any)
+			out[k] = mergeMaps(bv, pv)
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func toYAML(v any) string {
+	data, err := yaml.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(data)
+}
+
+// ports returns n distinct ports as a YAML flow list.
+func ports(n int) string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprintf("{name: p%d, port: %d}", i, 8000+i)
+	}
+	return "[" + strings.Join(items, ", ") + "]"
+}
+
+// cidrs returns n distinct IPv4 CIDRs as a YAML flow list.
+func cidrs(n int) string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprintf("10.2.%d.0/29", i)
+	}
+	return "[" + strings.Join(items, ", ") + "]"
+}
+
+// names returns n distinct APIService names as a YAML flow list.
+func names(n int) string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprintf("v1beta%d.example.com", i)
+	}
+	return "[" + strings.Join(items, ", ") + "]"
+}

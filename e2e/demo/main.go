@@ -1,0 +1,174 @@
+// Command demo starts the two-cluster lab (host + guest control planes) with a guest cluster
+// as the field report found it, and shows its state the way an operator sees it: kubectl on
+// the host and on the guest. Run it with `make demo`: it needs the lab's private network
+// namespace (hack/labns) and the lab assets the Makefile builds.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+)
+
+const (
+	clusterNamespace = "tenant-a"
+	clusterName      = "guest-1"
+)
+
+func main() {
+	hold := flag.Bool("hold", false, "keep the lab running after the tour, until interrupted")
+	dir := flag.String("dir", "", "directory for the lab's certificates, data and logs (default: a temporary one)")
+	flag.Parse()
+	if err := run(*hold, *dir); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(hold bool, dir string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	section("Starting the lab: host and guest control planes (etcd, kube-apiserver; kube-controller-manager on the host)")
+	started := time.Now()
+	l, err := lab.Start(ctx, lab.Options{Dir: dir})
+	if err != nil {
+		return err
+	}
+	defer l.Stop()
+	fmt.Printf("host apiserver  %s\nguest apiserver %s  (a host pod IP: the hosted control plane lives on the host network)\nready in %s, logs and kubeconfigs in %s\n",
+		l.Host.Server(), l.Guest.Server(), time.Since(started).Round(100*time.Millisecond), l.Dir)
+
+	s, err := setUpFieldReport(ctx, l)
+	if err != nil {
+		return err
+	}
+
+	section("Host: the CAPI cluster, its worker template and the workers' virt-launcher pods")
+	host := kubectl(l, l.Host)
+	host("get", "clusters,machinedeployments,kubevirtmachinetemplates", "-n", clusterNamespace)
+	host("get", "pods", "-n", clusterNamespace, "-o", "wide", "-L", "cluster.x-k8s.io/cluster-name,cluster.x-k8s.io/role,"+lab.VMTemplateLabel)
+
+	section("Host: two Services for the workers. The field report's selected by virtualMachineTemplate.metadata.labels (KubeVirt never copies those to the pods): no endpoints. The CAPI labels select every worker")
+	host("get", "services", "-n", clusterNamespace, "-o", "custom-columns=NAME:.metadata.name,SELECTOR:.spec.selector")
+	host("get", "endpointslices", "-n", clusterNamespace)
+
+	section("Guest: the workers as nodes")
+	guest := kubectl(l, l.Guest)
+	guest("get", "nodes", "-o", "wide")
+
+	section("Guest: `kubectl top` fails: the metrics APIService is dialed at a guest ClusterIP the host network cannot reach")
+	guest("get", "apiservice", s.metrics.APIService.Name)
+	guest("get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
+
+	section("Guest: every request a Service-referencing webhook intercepts fails (cert-manager's webhook here)")
+	guest("create", "configmap", "demo", "-n", "apps", "--from-literal=k=v")
+
+	section("Summary")
+	fmt.Println("These are the failures guestnet exists to fix: GuestIngress gives the workers a host Service that selects them,")
+	fmt.Println("GuestWebhookBridge repoints the webhook and the APIService at endpoints the guest control plane can reach.")
+
+	if hold {
+		pid := os.Getpid()
+		section("Holding the lab until interrupted (Ctrl-C)")
+		fmt.Printf("From another shell, as root:\n  nsenter --target %d --net --mount %s --kubeconfig %s get nodes\n", pid, l.Assets.Kubectl, l.Guest.KubeconfigPath)
+		fmt.Printf("  nsenter --target %d --net --mount %s --kubeconfig %s get pods -A\n", pid, l.Assets.Kubectl, l.Host.KubeconfigPath)
+		<-ctx.Done()
+	}
+	return nil
+}
+
+type scenario struct {
+	metrics *lab.MetricsAPI
+	webhook *lab.ServiceWebhook
+}
+
+// setUpFieldReport builds the guest cluster as the field report found it, then waits until
+// the host's controller manager and the guest's aggregator have reacted.
+func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
+	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: []int32{22, 10250, lab.WorkerServicePort}})
+	if err != nil {
+		return nil, err
+	}
+	for i, ip := range []string{"10.244.1.11", "10.244.1.12"} {
+		if _, err := l.AddWorker(ctx, gc, fmt.Sprintf("%s-md-0-%c", clusterName, 'a'+i), ip); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate}); err != nil {
+		return nil, err
+	}
+	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-capi-labels", lab.WorkerSelector(gc.Name)); err != nil {
+		return nil, err
+	}
+	metrics, err := lab.CreateMetricsAPI(ctx, l.Guest.Client, "kube-system", "metrics.k8s.io")
+	if err != nil {
+		return nil, err
+	}
+	webhook, err := lab.CreateServiceWebhook(ctx, l.Guest.Client, l.Guest.CA.CertPEM(), "cert-manager", "apps")
+	if err != nil {
+		return nil, err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got := &apiregistrationv1.APIService{}
+		if err := l.Guest.Client.Get(ctx, client.ObjectKeyFromObject(metrics.APIService), got); err != nil {
+			return false, err
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiregistrationv1.Available && c.Reason == "FailedDiscoveryCheck" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the guest aggregator to check the metrics APIService: %w", err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		eps := &corev1.EndpointsList{} //nolint:staticcheck // a quick "has the controller manager caught up" check
+		if err := l.Host.Client.List(ctx, eps, client.InNamespace(clusterNamespace)); err != nil {
+			return false, err
+		}
+		return len(eps.Items) >= 2, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the host controller manager: %w", err)
+	}
+	// Webhook configurations reach the apiserver's admission cache within a second.
+	time.Sleep(time.Second)
+	return &scenario{metrics: metrics, webhook: webhook}, nil
+}
+
+// kubectl returns a function that prints and runs a kubectl command against one cluster.
+func kubectl(l *lab.Lab, cluster *lab.Cluster) func(args ...string) {
+	return func(args ...string) {
+		fmt.Printf("\n$ kubectl --context %s %s\n", cluster.Options.Name, strings.Join(args, " "))
+		cmd := l.Assets.KubectlCommand(cluster.KubeconfigPath, args...)
+		out, err := cmd.CombinedOutput()
+		fmt.Print(string(out))
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			fmt.Printf("(exit status %d)\n", exitErr.ExitCode())
+		} else if err != nil {
+			fmt.Printf("(kubectl failed: %v)\n", err)
+		}
+	}
+}
+
+func section(title string) {
+	fmt.Printf("\n=== %s\n", title)
+}

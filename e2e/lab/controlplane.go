@@ -1,0 +1,320 @@
+package lab
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// ControlPlaneOptions describes one lab cluster's control plane.
+type ControlPlaneOptions struct {
+	// Name of the cluster ("host" or "guest"); used in certificates and log file names.
+	Name string
+	// Address the kube-apiserver binds to and advertises.
+	Address string
+	// ServiceCIDR of the cluster.
+	ServiceCIDR string
+	// ControllerManager also runs a kube-controller-manager with the controllers the lab
+	// relies on (EndpointSlices from selectors, garbage collection, namespace deletion).
+	ControllerManager bool
+	// Dir holds certificates, etcd data and logs.
+	Dir string
+}
+
+// ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
+type ControlPlane struct {
+	Options ControlPlaneOptions
+	// Config is an admin (system:masters) client configuration.
+	Config *rest.Config
+	// KubeconfigPath is the admin kubeconfig on disk; Kubeconfig is its content.
+	KubeconfigPath string
+	Kubeconfig     []byte
+	// CA signs the apiserver's serving certificate and the client certificates.
+	CA *CA
+	// FrontProxyCA signs the aggregator's client certificate (aggregated APIs trust it).
+	FrontProxyCA *CA
+
+	etcd, apiserver, controllerManager *process
+}
+
+// Kubernetes component names of the controllers the lab's kube-controller-manager runs.
+var labControllers = []string{
+	"endpoints-controller",
+	"endpointslice-controller",
+	"endpointslice-mirroring-controller",
+	"garbage-collector-controller",
+	"namespace-controller",
+}
+
+// StartControlPlane starts etcd, kube-apiserver and, if asked, kube-controller-manager, and
+// waits until the apiserver is ready. Call Stop when done.
+func StartControlPlane(ctx context.Context, assets *Assets, opts ControlPlaneOptions) (_ *ControlPlane, err error) {
+	cp := &ControlPlane{Options: opts}
+	defer func() {
+		if err != nil {
+			cp.Stop()
+		}
+	}()
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := cp.writePKI(); err != nil {
+		return nil, fmt.Errorf("%s PKI: %w", opts.Name, err)
+	}
+	if err := cp.startEtcd(ctx, assets); err != nil {
+		return nil, err
+	}
+	if err := cp.startAPIServer(ctx, assets); err != nil {
+		return nil, err
+	}
+	if opts.ControllerManager {
+		if err := cp.startControllerManager(assets); err != nil {
+			return nil, err
+		}
+	}
+	return cp, nil
+}
+
+// Stop stops every component, the controller manager first.
+func (cp *ControlPlane) Stop() {
+	cp.controllerManager.stop()
+	cp.apiserver.stop()
+	cp.etcd.stop()
+}
+
+// Server is the apiserver's URL.
+func (cp *ControlPlane) Server() string {
+	return "https://" + hostPort(cp.Options.Address, 6443)
+}
+
+// LogPath returns the log file of a component: "etcd", "kube-apiserver" or "kube-controller-manager".
+func (cp *ControlPlane) LogPath(component string) string {
+	return filepath.Join(cp.Options.Dir, component+".log")
+}
+
+func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.Options.Dir, name) }
+
+func (cp *ControlPlane) writePKI() error {
+	dir := cp.Options.Dir
+	ca, err := NewCA(cp.Options.Name + "-ca")
+	if err != nil {
+		return err
+	}
+	frontProxyCA, err := NewCA(cp.Options.Name + "-front-proxy-ca")
+	if err != nil {
+		return err
+	}
+	cp.CA, cp.FrontProxyCA = ca, frontProxyCA
+	if err := ca.WriteFiles(dir, "ca"); err != nil {
+		return err
+	}
+	if err := frontProxyCA.WriteFiles(dir, "front-proxy-ca"); err != nil {
+		return err
+	}
+	_, serviceNet, err := net.ParseCIDR(cp.Options.ServiceCIDR)
+	if err != nil {
+		return err
+	}
+	kubernetesServiceIP := append(net.IP(nil), serviceNet.IP.To4()...)
+	kubernetesServiceIP[3]++
+	if err := ca.IssueFiles(dir, "apiserver", CertRequest{
+		CommonName: "kube-apiserver",
+		DNSNames:   []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"},
+		IPs:        []net.IP{net.ParseIP(cp.Options.Address), kubernetesServiceIP, net.ParseIP("127.0.0.1")},
+		Server:     true,
+	}); err != nil {
+		return err
+	}
+	if err := ca.IssueFiles(dir, "admin", CertRequest{CommonName: "lab-admin", Organizations: []string{"system:masters"}, Client: true}); err != nil {
+		return err
+	}
+	if err := frontProxyCA.IssueFiles(dir, "front-proxy-client", CertRequest{CommonName: "front-proxy-client", Client: true}); err != nil {
+		return err
+	}
+	if err := writeServiceAccountKey(dir); err != nil {
+		return err
+	}
+	return cp.writeKubeconfig()
+}
+
+func writeServiceAccountKey(dir string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	keyPEM, err := encodeKey(key)
+	if err != nil {
+		return err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return err
+	}
+	return writeFiles(dir, map[string][]byte{
+		"sa.key": keyPEM,
+		"sa.pub": pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}),
+	})
+}
+
+func (cp *ControlPlane) writeKubeconfig() error {
+	certPEM, err := os.ReadFile(cp.path("admin.crt"))
+	if err != nil {
+		return err
+	}
+	keyPEM, err := os.ReadFile(cp.path("admin.key"))
+	if err != nil {
+		return err
+	}
+	name := cp.Options.Name
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: cp.Server(), CertificateAuthorityData: cp.CA.CertPEM()}
+	cfg.AuthInfos[name+"-admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name + "-admin"}
+	cfg.CurrentContext = name
+	if cp.Kubeconfig, err = clientcmd.Write(*cfg); err != nil {
+		return err
+	}
+	cp.KubeconfigPath = cp.path("kubeconfig")
+	if err := os.WriteFile(cp.KubeconfigPath, cp.Kubeconfig, 0o600); err != nil {
+		return err
+	}
+	cp.Config, err = clientcmd.RESTConfigFromKubeConfig(cp.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cp.Config.QPS, cp.Config.Burst = 200, 400
+	return nil
+}
+
+func (cp *ControlPlane) startEtcd(ctx context.Context, assets *Assets) error {
+	clientPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	peerPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	clientURL := "http://" + hostPort("127.0.0.1", clientPort)
+	peerURL := "http://" + hostPort("127.0.0.1", peerPort)
+	cp.etcd, err = startProcess(cp.Options.Dir, "etcd", assets.Etcd,
+		"--name="+cp.Options.Name,
+		"--data-dir="+cp.path("etcd"),
+		"--listen-client-urls="+clientURL,
+		"--advertise-client-urls="+clientURL,
+		"--listen-peer-urls="+peerURL,
+		"--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster="+cp.Options.Name+"="+peerURL,
+		"--unsafe-no-fsync=true",
+		"--quota-backend-bytes=1073741824",
+		"--log-level=warn",
+	)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(cp.path("etcd-url"), []byte(clientURL), 0o600); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return cp.etcd.waitReady(ctx, func(ctx context.Context) error {
+		return httpOK(ctx, http.DefaultClient, clientURL+"/health")
+	})
+}
+
+func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) error {
+	etcdURL, err := os.ReadFile(cp.path("etcd-url"))
+	if err != nil {
+		return err
+	}
+	p := cp.path
+	cp.apiserver, err = startProcess(cp.Options.Dir, "kube-apiserver", assets.KubeAPIServer,
+		"--etcd-servers="+string(etcdURL),
+		"--bind-address="+cp.Options.Address,
+		"--advertise-address="+cp.Options.Address,
+		"--secure-port=6443",
+		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range="+cp.Options.ServiceCIDR,
+		"--tls-cert-file="+p("apiserver.crt"),
+		"--tls-private-key-file="+p("apiserver.key"),
+		"--client-ca-file="+p("ca.crt"),
+		"--service-account-key-file="+p("sa.pub"),
+		"--service-account-signing-key-file="+p("sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode=RBAC",
+		"--allow-privileged=true",
+		// No kubelet mounts tokens here, and no controller creates "default" ServiceAccounts in
+		// the guest: the admission plugin would only reject the lab's stand-in Pods.
+		"--disable-admission-plugins=ServiceAccount",
+		// Aggregation layer, set up as on real clusters (kubeadm's flags).
+		"--requestheader-client-ca-file="+p("front-proxy-ca.crt"),
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-username-headers=X-Remote-User",
+		"--proxy-client-cert-file="+p("front-proxy-client.crt"),
+		"--proxy-client-key-file="+p("front-proxy-client.key"),
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+	)
+	if err != nil {
+		return err
+	}
+	client, err := rest.HTTPClientFor(cp.Config)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return cp.apiserver.waitReady(ctx, func(ctx context.Context) error {
+		return httpOK(ctx, client, cp.Server()+"/readyz")
+	})
+}
+
+func (cp *ControlPlane) startControllerManager(assets *Assets) error {
+	var err error
+	cp.controllerManager, err = startProcess(cp.Options.Dir, "kube-controller-manager", assets.KubeControllerManager,
+		"--kubeconfig="+cp.KubeconfigPath,
+		"--controllers="+strings.Join(labControllers, ","),
+		"--leader-elect=false",
+		"--use-service-account-credentials=false",
+		// No serving endpoint: nothing in the lab scrapes it, and it must not bind 0.0.0.0.
+		"--secure-port=0",
+		"--concurrent-service-endpoint-syncs=5",
+		"--concurrent-gc-syncs=5",
+	)
+	return err
+}
+
+func httpOK(ctx context.Context, client *http.Client, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
+}

@@ -1,0 +1,249 @@
+// Package lab runs two real Kubernetes control planes on one machine, "host" and "guest",
+// the way guestnet meets them in production: the guest apiserver lives on the host network
+// (a hosted control plane such as k0smotron or Kamaji), the workers are KubeVirt VMs whose
+// virt-launcher pods live in the host, and CAPI objects describe the guest cluster.
+//
+// The host runs etcd, kube-apiserver and kube-controller-manager (so EndpointSlices are filled
+// from Service selectors and owner references are garbage collected, as in production) with
+// the real CRDs of CAPI core, CAPK and Cilium, and guestnet's own. The guest runs etcd and
+// kube-apiserver, set up for the aggregation layer as real clusters are.
+//
+// The lab only runs inside the private network namespace that hack/labns creates (no
+// interface but lo): there, realistic addresses are safe, and nothing leaves the machine.
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// Scheme knows every type the lab and the tests use on either cluster.
+var Scheme = newScheme()
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	utilruntime.Must(apiregistrationv1.AddToScheme(s))
+	utilruntime.Must(clusterv1.AddToScheme(s))
+	utilruntime.Must(guestnetv1.AddToScheme(s))
+	return s
+}
+
+// HostNodes are the host cluster's nodes; virt-launcher pods are spread over them.
+var HostNodes = []string{"host-node-1", "host-node-2"}
+
+// Lab is a running host and guest cluster.
+type Lab struct {
+	Assets *Assets
+	Dir    string
+	Host   *Cluster
+	Guest  *Cluster
+}
+
+// Cluster is one control plane of the lab with a client for it.
+type Cluster struct {
+	*ControlPlane
+	Client client.Client
+}
+
+// Options tune a lab.
+type Options struct {
+	// Dir holds certificates, data and logs; a temporary directory when empty.
+	Dir string
+	// SkipGuest starts the host only (for tests that need no guest cluster).
+	SkipGuest bool
+}
+
+// Start starts the host and guest control planes in parallel, installs the CRDs in the
+// host, and creates the host nodes. Call Stop when done.
+func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
+	assets, err := LookupAssets()
+	if err != nil {
+		return nil, err
+	}
+	if ok, why := InPrivateNetwork(); !ok {
+		return nil, fmt.Errorf("refusing to start the lab outside its private network namespace: %s", why)
+	}
+	if opts.Dir == "" {
+		if opts.Dir, err = os.MkdirTemp("", "guestnet-lab-"); err != nil {
+			return nil, err
+		}
+	}
+	l := &Lab{Assets: assets, Dir: opts.Dir}
+	defer func() {
+		if err != nil {
+			l.Stop()
+		}
+	}()
+
+	var wg sync.WaitGroup
+	var hostErr, guestErr error
+	wg.Go(func() {
+		l.Host, hostErr = startCluster(ctx, assets, ControlPlaneOptions{
+			Name: "host", Address: HostAPIServerAddress, ServiceCIDR: HostServiceCIDR,
+			ControllerManager: true, Dir: filepath.Join(opts.Dir, "host"),
+		})
+	})
+	if !opts.SkipGuest {
+		wg.Go(func() {
+			l.Guest, guestErr = startCluster(ctx, assets, ControlPlaneOptions{
+				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR,
+				Dir: filepath.Join(opts.Dir, "guest"),
+			})
+		})
+	}
+	wg.Wait()
+	if hostErr != nil {
+		return nil, fmt.Errorf("starting host control plane: %w", hostErr)
+	}
+	if guestErr != nil {
+		return nil, fmt.Errorf("starting guest control plane: %w", guestErr)
+	}
+	if err := l.installHostCRDs(); err != nil {
+		return nil, err
+	}
+	for _, name := range HostNodes {
+		if err := createReadyNode(ctx, l.Host.Client, name, ""); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// StartForTest starts a lab for a test and stops it when the test ends. It skips (or fails
+// under CI) when the test does not run inside the lab namespace; see RequireLab.
+func StartForTest(t testing.TB, opts Options) *Lab {
+	t.Helper()
+	RequireLab(t)
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("starting the lab: %v", err)
+	}
+	t.Cleanup(l.Stop)
+	return l
+}
+
+// Stop stops both control planes.
+func (l *Lab) Stop() {
+	for _, c := range []*Cluster{l.Guest, l.Host} {
+		if c != nil {
+			c.Stop()
+		}
+	}
+}
+
+func startCluster(ctx context.Context, assets *Assets, opts ControlPlaneOptions) (*Cluster, error) {
+	cp, err := StartControlPlane(ctx, assets, opts)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme})
+	if err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	return &Cluster{ControlPlane: cp, Client: c}, nil
+}
+
+// CRD directories installed in the host: CAPI core, CAPK and Cilium from their pinned
+// module zips (see hack/fetch-crds.sh), and guestnet's own from config/crd/bases.
+func (l *Lab) hostCRDDirs() ([]string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	return []string{
+		filepath.Join(l.Assets.CRDDir, "capi"),
+		filepath.Join(l.Assets.CRDDir, "capk"),
+		filepath.Join(l.Assets.CRDDir, "cilium"),
+		filepath.Join(root, "config", "crd", "bases"),
+	}, nil
+}
+
+func (l *Lab) installHostCRDs() error {
+	dirs, err := l.hostCRDDirs()
+	if err != nil {
+		return err
+	}
+	_, err = envtest.InstallCRDs(l.Host.Config, envtest.CRDInstallOptions{
+		Paths:              dirs,
+		ErrorIfPathMissing: true,
+		MaxTime:            time.Minute,
+		PollInterval:       100 * time.Millisecond,
+	})
+	if err != nil {
+		return fmt.Errorf("installing CRDs in the host: %w", err)
+	}
+	return nil
+}
+
+// RepoRoot finds the repository root (the directory holding the provider's go.mod) from
+// the working directory, which `go test` sets to the package directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			len(data) > 0 && containsModule(string(data)) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("repository root not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func containsModule(goMod string) bool {
+	const module = "module github.com/guestnet/cluster-api-addon-provider-guestnet\n"
+	return len(goMod) >= len(module) && goMod[:len(module)] == module
+}
+
+// createReadyNode creates a Node whose Ready condition is True, with an InternalIP when ip
+// is set. No kubelet runs in the lab: the Node only has to exist for the EndpointSlice
+// controller (host) and to carry the worker's address (guest).
+func createReadyNode(ctx context.Context, c client.Client, name, ip string) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := c.Create(ctx, node); err != nil {
+		return fmt.Errorf("creating node %s: %w", name, err)
+	}
+	node.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		Message: "lab node (no kubelet runs in the lab)", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+	}}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}}
+	if ip != "" {
+		node.Status.Addresses = append(node.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
+	}
+	if err := c.Status().Update(ctx, node); err != nil {
+		return fmt.Errorf("setting status of node %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,64 @@
+package lab
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"testing"
+)
+
+// Lab address plan. Inside the lab's private network namespace (hack/labns) these ranges are
+// local to lo, so the realistic addresses of a KubeVirt host work and nothing leaves the machine.
+const (
+	// HostAPIServerAddress is where the host kube-apiserver listens.
+	HostAPIServerAddress = "10.244.0.1"
+	// GuestAPIServerAddress is where the guest kube-apiserver listens: a host pod IP, since
+	// the hosted control plane (k0smotron, Kamaji) runs as a pod on the host network.
+	GuestAPIServerAddress = "10.244.0.2"
+	// HostServiceCIDR is the host cluster's service CIDR; local in the lab namespace so that
+	// stand-ins can bind ClusterIPs.
+	HostServiceCIDR = "10.97.0.0/16"
+	// GuestServiceCIDR is the guest cluster's service CIDR. It has no route in the lab
+	// namespace: the guest apiserver cannot reach guest ClusterIPs, as in production.
+	GuestServiceCIDR = "10.96.0.0/16"
+	// WorkerCIDR holds the pod IPs of worker virt-launcher pods (the VMs' real addresses).
+	WorkerCIDR = "10.244.1.0/24"
+)
+
+// InPrivateNetwork reports whether this process runs in a network namespace whose only
+// interface is lo, and explains why not otherwise.
+func InPrivateNetwork() (bool, string) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, i := range ifaces {
+		if i.Name != "lo" {
+			return false, fmt.Sprintf("network interface %q exists: not a private lab namespace", i.Name)
+		}
+	}
+	if _, err := net.Listen("tcp", HostAPIServerAddress+":0"); err != nil {
+		return false, fmt.Sprintf("cannot bind %s (is the lab route missing?): %v", HostAPIServerAddress, err)
+	}
+	return true, ""
+}
+
+// RequireLab skips the test unless it runs inside the lab's private network namespace with
+// the lab assets available, and fails instead of skipping under CI, where a skip would hide
+// a broken set-up. Run lab tests with `make test`.
+func RequireLab(t testing.TB) {
+	t.Helper()
+	reason := ""
+	if ok, why := InPrivateNetwork(); !ok {
+		reason = "not in the lab's private network namespace (" + why + ")"
+	} else if _, err := LookupAssets(); err != nil {
+		reason = err.Error()
+	}
+	if reason == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("lab test cannot run: %s; run it with `make test`", reason)
+	}
+	t.Skipf("lab test skipped: %s; run it with `make test`", reason)
+}

@@ -1,0 +1,107 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// process is one lab component (etcd, kube-apiserver, ...) with its output in a log file.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	err     error
+}
+
+// startProcess starts bin with args, writing its output to <dir>/<name>.log. The process is
+// killed when this (test) process dies, so no lab component outlives its test.
+func startProcess(dir, name, bin string, args ...string) (*process, error) {
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		_ = logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stop terminates the process, politely first.
+func (p *process) stop() {
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// waitReady polls ready until it succeeds, the process exits or ctx ends; the error then
+// carries the end of the process's log.
+func (p *process) waitReady(ctx context.Context, ready func(context.Context) error) error {
+	var last error
+	for {
+		if last = ready(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited (%v) before it was ready; log tail:\n%s", p.name, p.err, p.logTail())
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready: %v; log tail:\n%s", p.name, last, p.logTail())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (p *process) logTail() string {
+	data, _ := os.ReadFile(p.logPath)
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			data = data[i+1:]
+		}
+	}
+	return string(data)
+}
+
+// freePort returns a TCP port that is free on addr right now.
+func freePort(addr string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }

@@ -1,0 +1,58 @@
+package clusterscope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util/conditions"
+)
+
+// Object is a guestnet object that carries conditions: a GuestIngress or a GuestWebhookBridge.
+type Object interface {
+	client.Object
+	conditions.Setter
+}
+
+// GetCluster returns the Cluster called name in namespace, or nil when there is none: a
+// missing Cluster is a state reported in ClusterAvailable, not a reconcile error.
+func GetCluster(ctx context.Context, c client.Reader, namespace, name string) (*clusterv1.Cluster, error) {
+	cluster := &clusterv1.Cluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("getting Cluster %s/%s: %w", namespace, name, err)
+	}
+	return cluster, nil
+}
+
+// IsProvisioned reports whether the Cluster's infrastructure is provisioned: before that
+// there is no guest apiserver, and CAPI's ClusterCache does not even try to connect.
+func IsProvisioned(cluster *clusterv1.Cluster) bool {
+	return cluster != nil && ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false)
+}
+
+// Connect sets ClusterAvailable on obj and returns a client for the guest cluster when the
+// Cluster exists, is provisioned and the ClusterCache holds a connection to its apiserver.
+// A nil client with a nil error means "not yet": the Cluster watch or the ClusterCache's
+// connect event brings the object back, so there is nothing to poll.
+func Connect(ctx context.Context, cc clustercache.ClusterCache, obj Object, cluster *clusterv1.Cluster) (client.Client, error) {
+	var guestClient client.Client
+	var guestErr error
+	if IsProvisioned(cluster) {
+		guestClient, guestErr = cc.GetClient(ctx, client.ObjectKeyFromObject(cluster))
+	}
+	SetClusterAvailableCondition(obj, cluster, guestErr)
+
+	if guestErr != nil && !errors.Is(guestErr, clustercache.ErrClusterNotConnected) {
+		return nil, guestErr
+	}
+	return guestClient, nil
+}

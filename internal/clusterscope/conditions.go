@@ -1,0 +1,119 @@
+package clusterscope
+
+import (
+	"fmt"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// SetPausedCondition sets Paused on obj and reports whether obj is paused. CAPI pause is the
+// cluster.x-k8s.io/paused annotation on obj or on its Cluster, or Cluster spec.paused;
+// clusterctl move relies on it, so a paused object must not be changed in any other way.
+func SetPausedCondition(obj Object, cluster *clusterv1.Cluster) bool {
+	reasons := pauseReasons(obj, cluster)
+	if len(reasons) == 0 {
+		conditions.Set(obj, metav1.Condition{
+			Type:   guestnetv1.PausedCondition,
+			Status: metav1.ConditionFalse,
+			Reason: guestnetv1.NotPausedReason,
+		})
+		return false
+	}
+	conditions.Set(obj, metav1.Condition{
+		Type:    guestnetv1.PausedCondition,
+		Status:  metav1.ConditionTrue,
+		Reason:  guestnetv1.PausedReason,
+		Message: strings.Join(reasons, "; ") + ". guestnet changes nothing until the pause is lifted",
+	})
+	return true
+}
+
+// IsPaused reports whether CAPI pause applies to obj (see SetPausedCondition).
+func IsPaused(obj metav1.Object, cluster *clusterv1.Cluster) bool {
+	return len(pauseReasons(obj, cluster)) > 0
+}
+
+func pauseReasons(obj metav1.Object, cluster *clusterv1.Cluster) []string {
+	var reasons []string
+	if annotations.HasPaused(obj) {
+		reasons = append(reasons, "This object has the "+clusterv1.PausedAnnotation+" annotation")
+	}
+	if cluster != nil {
+		if ptr.Deref(cluster.Spec.Paused, false) {
+			reasons = append(reasons, fmt.Sprintf("Cluster %s has spec.paused set to true", cluster.Name))
+		}
+		if annotations.HasPaused(cluster) {
+			reasons = append(reasons, fmt.Sprintf("Cluster %s has the %s annotation", cluster.Name, clusterv1.PausedAnnotation))
+		}
+	}
+	return reasons
+}
+
+// SetClusterAvailableCondition sets ClusterAvailable on obj from its Cluster (nil when it
+// does not exist) and the error, if any, of getting a client for the guest apiserver.
+func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestErr error) {
+	clusterName := ClusterNameOf(obj)
+	condition := metav1.Condition{Type: guestnetv1.ClusterAvailableCondition, Status: metav1.ConditionFalse}
+	switch {
+	case cluster == nil:
+		condition.Reason = guestnetv1.ClusterNotFoundReason
+		condition.Message = fmt.Sprintf("No Cluster %q exists in namespace %q: create it, or recreate this object "+
+			"with spec.clusterName naming an existing Cluster of this namespace", clusterName, obj.GetNamespace())
+	case !IsProvisioned(cluster):
+		condition.Reason = guestnetv1.ClusterNotProvisionedReason
+		condition.Message = fmt.Sprintf("Waiting for Cluster %s to be provisioned (status.initialization.infrastructureProvisioned "+
+			"is not true); if it stays so, check the Cluster's conditions", cluster.Name)
+	case guestErr != nil:
+		condition.Reason = guestnetv1.GuestUnreachableReason
+		condition.Message = fmt.Sprintf("Cannot reach the apiserver of Cluster %s through the Secret %s-kubeconfig: %v. "+
+			"guestnet retries; if this persists, check that the guest control plane runs and the Secret is current",
+			cluster.Name, cluster.Name, guestErr)
+	default:
+		condition.Status = metav1.ConditionTrue
+		condition.Reason = guestnetv1.ClusterAvailableReason
+	}
+	conditions.Set(obj, condition)
+}
+
+// SetReadyCondition summarises the given condition types of obj into Ready: False with
+// reason NotReady as long as any of them is not True (a condition not reported yet counts
+// as Unknown), True with reason Ready otherwise. While obj is being deleted Ready is False
+// with reason Deleting, whatever the other conditions say.
+func SetReadyCondition(obj Object, summarised ...string) {
+	if !obj.GetDeletionTimestamp().IsZero() {
+		conditions.Set(obj, metav1.Condition{
+			Type:    guestnetv1.ReadyCondition,
+			Status:  metav1.ConditionFalse,
+			Reason:  guestnetv1.DeletingReason,
+			Message: "Being deleted: guestnet is undoing what it did for this object",
+		})
+		return
+	}
+
+	ready, err := conditions.NewSummaryCondition(obj, guestnetv1.ReadyCondition,
+		conditions.ForConditionTypes(summarised),
+		conditions.CustomMergeStrategy{MergeStrategy: conditions.DefaultMergeStrategy(
+			// The API has no separate "unknown" reason: anything short of all True is NotReady.
+			conditions.ComputeReasonFunc(conditions.GetDefaultComputeMergeReasonFunc(
+				guestnetv1.NotReadyReason, guestnetv1.NotReadyReason, guestnetv1.ReadyReason)),
+		)},
+	)
+	if err != nil {
+		// Only a programming error (an empty or invalid list of types) gets here.
+		ready = &metav1.Condition{
+			Type:    guestnetv1.ReadyCondition,
+			Status:  metav1.ConditionUnknown,
+			Reason:  guestnetv1.InternalErrorReason,
+			Message: fmt.Sprintf("Cannot summarise conditions: %v", err),
+		}
+	}
+	conditions.Set(obj, *ready)
+}

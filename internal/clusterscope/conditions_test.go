@@ -1,0 +1,255 @@
+package clusterscope
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+func newGuestIngress() *guestnetv1.GuestIngress {
+	return &guestnetv1.GuestIngress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "ingress", Generation: 3},
+		Spec:       guestnetv1.GuestIngressSpec{ClusterName: "guest"},
+	}
+}
+
+func newCluster(mutate ...func(*clusterv1.Cluster)) *clusterv1.Cluster {
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "guest"}}
+	for _, m := range mutate {
+		m(c)
+	}
+	return c
+}
+
+func pausedAnnotation(o metav1.Object) {
+	o.SetAnnotations(map[string]string{clusterv1.PausedAnnotation: ""})
+}
+
+func provisioned(c *clusterv1.Cluster) {
+	c.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
+}
+
+func TestSetPausedCondition(t *testing.T) {
+	tests := []struct {
+		name        string
+		objPaused   bool
+		cluster     *clusterv1.Cluster
+		wantPaused  bool
+		wantMessage []string // substrings
+	}{
+		{name: "nothing paused", cluster: newCluster()},
+		{name: "Cluster does not exist", cluster: nil},
+		{
+			name: "object annotation", objPaused: true, cluster: newCluster(), wantPaused: true,
+			wantMessage: []string{"This object has the cluster.x-k8s.io/paused annotation"},
+		},
+		{
+			name: "object annotation without Cluster", objPaused: true, cluster: nil, wantPaused: true,
+			wantMessage: []string{"This object has the cluster.x-k8s.io/paused annotation"},
+		},
+		{
+			name:        "Cluster spec.paused",
+			cluster:     newCluster(func(c *clusterv1.Cluster) { c.Spec.Paused = ptr.To(true) }),
+			wantPaused:  true,
+			wantMessage: []string{"Cluster guest has spec.paused set to true"},
+		},
+		{
+			name:        "Cluster annotation",
+			cluster:     newCluster(func(c *clusterv1.Cluster) { pausedAnnotation(c) }),
+			wantPaused:  true,
+			wantMessage: []string{"Cluster guest has the cluster.x-k8s.io/paused annotation"},
+		},
+		{
+			name:      "everything at once",
+			objPaused: true,
+			cluster: newCluster(func(c *clusterv1.Cluster) {
+				c.Spec.Paused = ptr.To(true)
+				pausedAnnotation(c)
+			}),
+			wantPaused: true,
+			wantMessage: []string{
+				"This object has", "spec.paused set to true", "Cluster guest has the cluster.x-k8s.io/paused annotation",
+				"guestnet changes nothing until the pause is lifted",
+			},
+		},
+		{
+			name:       "spec.paused false",
+			cluster:    newCluster(func(c *clusterv1.Cluster) { c.Spec.Paused = ptr.To(false) }),
+			wantPaused: false,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			obj := newGuestIngress()
+			if tt.objPaused {
+				pausedAnnotation(obj)
+			}
+
+			g.Expect(SetPausedCondition(obj, tt.cluster)).To(Equal(tt.wantPaused))
+			g.Expect(IsPaused(obj, tt.cluster)).To(Equal(tt.wantPaused))
+
+			c := conditions.Get(obj, guestnetv1.PausedCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.ObservedGeneration).To(Equal(int64(3)))
+			if tt.wantPaused {
+				g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+				g.Expect(c.Reason).To(Equal(guestnetv1.PausedReason))
+			} else {
+				g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+				g.Expect(c.Reason).To(Equal(guestnetv1.NotPausedReason))
+			}
+			for _, m := range tt.wantMessage {
+				g.Expect(c.Message).To(ContainSubstring(m))
+			}
+		})
+	}
+}
+
+func TestSetPausedConditionTouchesNothingElse(t *testing.T) {
+	g := NewWithT(t)
+	obj := newGuestIngress()
+	pausedAnnotation(obj)
+	before := obj.DeepCopy()
+
+	SetPausedCondition(obj, newCluster())
+
+	g.Expect(obj.Status.Conditions).To(HaveLen(1))
+	obj.Status.Conditions = nil
+	g.Expect(obj).To(Equal(before))
+}
+
+func TestSetClusterAvailableCondition(t *testing.T) {
+	tests := []struct {
+		name        string
+		cluster     *clusterv1.Cluster
+		guestErr    error
+		wantStatus  metav1.ConditionStatus
+		wantReason  string
+		wantMessage []string
+	}{
+		{
+			name: "Cluster not found", cluster: nil,
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.ClusterNotFoundReason,
+			wantMessage: []string{`No Cluster "guest" exists in namespace "k0smotron"`, "create it"},
+		},
+		{
+			name: "infrastructure not provisioned", cluster: newCluster(),
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.ClusterNotProvisionedReason,
+			wantMessage: []string{"Waiting for Cluster guest", "infrastructureProvisioned"},
+		},
+		{
+			name:    "infrastructureProvisioned false",
+			cluster: newCluster(func(c *clusterv1.Cluster) { c.Status.Initialization.InfrastructureProvisioned = ptr.To(false) }),
+			// A guest error cannot matter before provisioning.
+			guestErr:   errors.New("ignored"),
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.ClusterNotProvisionedReason,
+		},
+		{
+			name: "guest apiserver unreachable", cluster: newCluster(provisioned), guestErr: errors.New("connection refused"),
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.GuestUnreachableReason,
+			wantMessage: []string{"Secret guest-kubeconfig", "connection refused"},
+		},
+		{
+			name: "available", cluster: newCluster(provisioned),
+			wantStatus: metav1.ConditionTrue, wantReason: guestnetv1.ClusterAvailableReason,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			obj := newGuestIngress()
+
+			SetClusterAvailableCondition(obj, tt.cluster, tt.guestErr)
+
+			c := conditions.Get(obj, guestnetv1.ClusterAvailableCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(tt.wantStatus))
+			g.Expect(c.Reason).To(Equal(tt.wantReason))
+			for _, m := range tt.wantMessage {
+				g.Expect(c.Message).To(ContainSubstring(m))
+			}
+		})
+	}
+}
+
+func TestSetReadyCondition(t *testing.T) {
+	trueCondition := func(t string) metav1.Condition {
+		return metav1.Condition{Type: t, Status: metav1.ConditionTrue, Reason: "Fine"}
+	}
+	falseCondition := func(t, message string) metav1.Condition {
+		return metav1.Condition{Type: t, Status: metav1.ConditionFalse, Reason: "Broken", Message: message}
+	}
+
+	tests := []struct {
+		name        string
+		conditions  []metav1.Condition
+		deleting    bool
+		wantStatus  metav1.ConditionStatus
+		wantReason  string
+		wantMessage string
+	}{
+		{
+			name:       "all summarised conditions True",
+			conditions: []metav1.Condition{trueCondition("A"), trueCondition("B")},
+			wantStatus: metav1.ConditionTrue, wantReason: guestnetv1.ReadyReason,
+		},
+		{
+			name:       "one False",
+			conditions: []metav1.Condition{trueCondition("A"), falseCondition("B", "fix B")},
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.NotReadyReason, wantMessage: "fix B",
+		},
+		{
+			name:       "one not reported yet",
+			conditions: []metav1.Condition{trueCondition("A")},
+			wantStatus: metav1.ConditionUnknown, wantReason: guestnetv1.NotReadyReason, wantMessage: "B: Condition not yet reported",
+		},
+		{
+			name:       "conditions outside the summary do not count",
+			conditions: []metav1.Condition{trueCondition("A"), trueCondition("B"), falseCondition("C", "ignored")},
+			wantStatus: metav1.ConditionTrue, wantReason: guestnetv1.ReadyReason,
+		},
+		{
+			name:       "deleting wins",
+			conditions: []metav1.Condition{trueCondition("A"), trueCondition("B")},
+			deleting:   true,
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.DeletingReason, wantMessage: "Being deleted",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			obj := newGuestIngress()
+			obj.Status.Conditions = tt.conditions
+			if tt.deleting {
+				obj.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			}
+
+			SetReadyCondition(obj, "A", "B")
+
+			c := conditions.Get(obj, guestnetv1.ReadyCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(tt.wantStatus))
+			g.Expect(c.Reason).To(Equal(tt.wantReason))
+			g.Expect(c.Message).To(ContainSubstring(tt.wantMessage))
+		})
+	}
+}
+
+func TestSetReadyConditionWithoutTypesIsAnInternalError(t *testing.T) {
+	g := NewWithT(t)
+	obj := newGuestIngress()
+
+	SetReadyCondition(obj)
+
+	g.Expect(conditions.GetReason(obj, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.InternalErrorReason))
+}

@@ -1,0 +1,69 @@
+package clusterscope
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// ClusterNameField indexes guestnet objects by spec.clusterName, so that a Cluster event
+// finds the objects that name the Cluster without listing the whole namespace.
+const ClusterNameField = "spec.clusterName"
+
+// ClusterNameOf returns spec.clusterName of a guestnet object, "" for any other object.
+func ClusterNameOf(obj client.Object) string {
+	switch o := obj.(type) {
+	case *guestnetv1.GuestIngress:
+		return o.Spec.ClusterName
+	case *guestnetv1.GuestWebhookBridge:
+		return o.Spec.ClusterName
+	}
+	return ""
+}
+
+// IndexByClusterName is the client.IndexerFunc of ClusterNameField.
+func IndexByClusterName(obj client.Object) []string {
+	if name := ClusterNameOf(obj); name != "" {
+		return []string{name}
+	}
+	return nil
+}
+
+// AddClusterNameIndex registers ClusterNameField for obj's kind with the manager's cache.
+func AddClusterNameIndex(ctx context.Context, mgr ctrl.Manager, obj client.Object) error {
+	return mgr.GetFieldIndexer().IndexField(ctx, obj, ClusterNameField, IndexByClusterName)
+}
+
+// ClusterToObjects returns a map function that turns a Cluster into requests for the objects
+// (of the kind newList lists) that name it in spec.clusterName, in the Cluster's namespace
+// only: a cluster name is unique per namespace, not across namespaces.
+func ClusterToObjects(c client.Reader, newList func() client.ObjectList) handler.MapFunc {
+	return func(ctx context.Context, cluster client.Object) []reconcile.Request {
+		list := newList()
+		if err := c.List(ctx, list,
+			client.InNamespace(cluster.GetNamespace()),
+			client.MatchingFields{ClusterNameField: cluster.GetName()},
+		); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Failed to list objects of Cluster", "Cluster", client.ObjectKeyFromObject(cluster))
+			return nil
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Failed to read list of objects of Cluster", "Cluster", client.ObjectKeyFromObject(cluster))
+			return nil
+		}
+		requests := make([]reconcile.Request, 0, len(items))
+		for _, item := range items {
+			if obj, ok := item.(client.Object); ok {
+				requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(obj)})
+			}
+		}
+		return requests
+	}
+}

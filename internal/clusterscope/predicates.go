@@ -1,0 +1,32 @@
+package clusterscope
+
+import (
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+)
+
+// ClusterChanged passes the Cluster events that change what a guestnet object reports or may
+// do: creation and deletion (ClusterAvailable), pause transitions of spec.paused or of the
+// paused annotation (Paused), and infrastructureProvisioned transitions (ClusterAvailable).
+// Every other Cluster update (status churn mostly) is dropped.
+func ClusterChanged() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return true },
+		DeleteFunc: func(event.DeleteEvent) bool { return true },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			oldCluster, okOld := e.ObjectOld.(*clusterv1.Cluster)
+			newCluster, okNew := e.ObjectNew.(*clusterv1.Cluster)
+			if !okOld || !okNew {
+				return false
+			}
+			return ptr.Deref(oldCluster.Spec.Paused, false) != ptr.Deref(newCluster.Spec.Paused, false) ||
+				annotations.HasPaused(oldCluster) != annotations.HasPaused(newCluster) ||
+				IsProvisioned(oldCluster) != IsProvisioned(newCluster)
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
