@@ -53,7 +53,7 @@ const (
 
 // GuestIngressSpec is the desired exposure of one guest cluster's ingress controller on a
 // load-balancer IP of the host network.
-// +kubebuilder:validation:XValidation:rule="!has(self.ports) || self.ports.all(p, !has(p.nodePort) || self.ports.exists_one(q, has(q.nodePort) && q.nodePort == p.nodePort))",message="spec.ports: each nodePort may be used by one port only"
+// +kubebuilder:validation:XValidation:rule="!has(self.ports) || self.ports.all(p, !has(p.nodePort) || self.ports.exists_one(q, has(q.nodePort) && q.nodePort == p.nodePort && q.protocol == p.protocol))",message="spec.ports: each nodePort may be used by one port per protocol only (TCP and UDP may share one)"
 // +kubebuilder:validation:XValidation:rule="!has(self.ports) || self.ports.all(p, self.ports.exists_one(q, q.port == p.port && q.protocol == p.protocol))",message="spec.ports: each port/protocol pair may be listed once only"
 type GuestIngressSpec struct {
 	// clusterName is the name of the CAPI Cluster, in the GuestIngress's namespace, whose

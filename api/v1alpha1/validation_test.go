@@ -112,6 +112,9 @@ func TestValidationGuestIngress(t *testing.T) {
 		{"missing clusterName rejected", `{clusterName: null}`, `spec.clusterName: Required value`},
 		{"empty clusterName rejected", `{clusterName: ""}`, `spec.clusterName in body should be at least 1 chars long`},
 		{"clusterName over 63 characters rejected", `{clusterName: ` + strings.Repeat("c", 64) + `}`, `spec.clusterName: Too long: may not be more than 63`},
+		{"upper-case clusterName rejected", `{clusterName: Tenant-A}`, `clusterName must be the name of a Cluster in this namespace`},
+		{"namespace-qualified clusterName rejected", `{clusterName: k0smotron/tenant-a}`, `clusterName must be the name of a Cluster in this namespace`},
+		{"dotted clusterName accepted", `{clusterName: tenant-a.prod}`, ""},
 
 		// guestService
 		{"missing guestService rejected", `{guestService: null}`, `spec.guestService: Required value`},
@@ -135,9 +138,13 @@ func TestValidationGuestIngress(t *testing.T) {
 		{"nodePort 32768 rejected", `{ports: [{name: http, port: 80, nodePort: 32768}]}`, `spec.ports[0].nodePort in body should be less than or equal to 32767`},
 		{"nodePort 30000 and 32767 accepted", `{ports: [{name: low, port: 80, nodePort: 30000}, {name: high, port: 443, nodePort: 32767}]}`, ""},
 		{"upper-case port name rejected", `{ports: [{name: HTTP, port: 80}]}`, `spec.ports[0].name in body should match`},
+		{"numeric port name rejected", `{ports: [{name: "443", port: 443}]}`, `spec.ports[0].name: Invalid value: "443": port name must be an IANA service name`},
+		{"port name with -- rejected", `{ports: [{name: http--alt, port: 8080}]}`, `port name must be an IANA service name`},
+		{"port names with digits accepted", `{ports: [{name: h2c, port: 8080}, {name: http-8443, port: 8443}]}`, ""},
 		{"port name over 15 characters rejected", `{ports: [{name: http-alternative, port: 8080}]}`, `spec.ports[0].name: Too long: may not be more than 15`},
 		{"duplicate port names rejected", `{ports: [{name: http, port: 80}, {name: http, port: 8080}]}`, `spec.ports[1]: Duplicate value`},
-		{"duplicate nodePorts rejected", `{ports: [{name: http, port: 80, nodePort: 30080}, {name: alt, port: 8080, nodePort: 30080}]}`, `each nodePort may be used by one port only`},
+		{"duplicate nodePorts rejected", `{ports: [{name: http, port: 80, nodePort: 30080}, {name: alt, port: 8080, nodePort: 30080}]}`, `each nodePort may be used by one port per protocol only`},
+		{"one nodePort for TCP and UDP accepted (HTTP/3)", `{ports: [{name: https, port: 443, nodePort: 30443}, {name: quic, port: 443, protocol: UDP, nodePort: 30443}]}`, ""},
 		{"same port and protocol twice rejected", `{ports: [{name: http, port: 80, protocol: TCP}, {name: web, port: 80, protocol: TCP}]}`, `each port/protocol pair may be listed once only`},
 		{"same port twice with the defaulted protocol rejected", `{ports: [{name: http, port: 80}, {name: web, port: 80, protocol: TCP}]}`, `each port/protocol pair may be listed once only`},
 		{"same port with TCP and UDP accepted", `{ports: [{name: https, port: 443, protocol: TCP}, {name: quic, port: 443, protocol: UDP}]}`, ""},
@@ -200,6 +207,7 @@ func TestValidationGuestWebhookBridge(t *testing.T) {
 		{"minimal spec accepted", `{}`, ""},
 		{"missing clusterName rejected", `{clusterName: null}`, `spec.clusterName: Required value`},
 		{"empty clusterName rejected", `{clusterName: ""}`, `spec.clusterName in body should be at least 1 chars long`},
+		{"namespace-qualified clusterName rejected", `{clusterName: k0smotron/tenant-a}`, `clusterName must be the name of a Cluster in this namespace`},
 
 		// which targets
 		{"no target kind selected rejected", `{apiServices: null}`, `select at least one of apiServices, validatingWebhooks, mutatingWebhooks`},
@@ -213,6 +221,9 @@ func TestValidationGuestWebhookBridge(t *testing.T) {
 		{"apiServices all accepted", `{apiServices: {names: null, all: true}}`, ""},
 		{"all three kinds accepted", `{validatingWebhooks: {all: true}, mutatingWebhooks: {names: [cert-manager-webhook]}}`, ""},
 		{"duplicate names rejected", `{apiServices: {names: [v1beta1.metrics.k8s.io, v1beta1.metrics.k8s.io]}}`, `spec.apiServices.names[1]: Duplicate value`},
+		{"APIService named <group>/<version> rejected", `{apiServices: {names: [metrics.k8s.io/v1beta1]}}`, `spec.apiServices.names[0]: Invalid value: "metrics.k8s.io/v1beta1": each name must be the name of a guest object`},
+		{"upper-case webhook configuration name rejected", `{apiServices: null, validatingWebhooks: {names: [Cert-Manager-Webhook]}}`, `spec.validatingWebhooks.names[0]: Invalid value: "Cert-Manager-Webhook": each name must be the name of a guest object`},
+		{"mutating webhook configuration named <namespace>/<name> rejected", `{mutatingWebhooks: {names: [kyverno/kyverno-resource-mutating-webhook-cfg]}}`, `spec.mutatingWebhooks.names[0]: Invalid value: "kyverno/kyverno-resource-mutating-webhook-cfg": each name must be the name of a guest object`},
 		{"empty name rejected", `{apiServices: {names: [""]}}`, `spec.apiServices.names[0] in body should be at least 1 chars long`},
 		{"65 names rejected", `{apiServices: {names: ` + names(65) + `}}`, `spec.apiServices.names: Too many: 65: must have at most 64 items`},
 

@@ -5,24 +5,22 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"net"
+	"strconv"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-)
 
-// KubevirtMachineTemplateGVK is CAPK's worker template kind. CAPK's Go module cannot be
-// imported next to k8s 0.37 (design notes), so the lab handles it as unstructured.
-var KubevirtMachineTemplateGVK = schema.GroupVersionKind{
-	Group: "infrastructure.cluster.x-k8s.io", Version: "v1alpha1", Kind: "KubevirtMachineTemplate",
-}
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
 
 // Labels KubeVirt puts on every virt-launcher pod, and the ones CAPK puts on the VMI
 // template (so KubeVirt copies them to the pod). CAPI's own labels come from clusterv1.
@@ -76,7 +74,7 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: clusterv1.ClusterSpec{
 			ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
 		},
 	}
 	if err := c.Create(ctx, cluster); err != nil {
@@ -120,7 +118,7 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 						APIGroup: "bootstrap.cluster.x-k8s.io", Kind: "K0sWorkerConfigTemplate", Name: name + "-md-0",
 					}},
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-						APIGroup: KubevirtMachineTemplateGVK.Group, Kind: KubevirtMachineTemplateGVK.Kind, Name: gc.WorkerTemplate,
+						APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: ports.KubevirtMachineTemplateGVK.Kind, Name: gc.WorkerTemplate,
 					},
 				},
 			},
@@ -162,7 +160,7 @@ func workerTemplate(ns, name string, opts WorkerTemplateOptions) *unstructured.U
 			},
 		}}},
 	}}
-	u.SetGroupVersionKind(KubevirtMachineTemplateGVK)
+	u.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
 	u.SetNamespace(ns)
 	u.SetName(name)
 	return u
@@ -174,22 +172,53 @@ type Worker struct {
 	Machine string
 	IP      string
 	Pod     string
+	// Template is the KubevirtMachineTemplate the VM was created from: its declared ports
+	// are fixed for the VM's life, as in KubeVirt.
+	Template string
+	// VMAddress is where what runs inside the VM listens (see ServeInVM).
+	VMAddress string
+
+	nat *masqueradeNAT
+	mu  sync.Mutex
+	vm  []net.Listener
 }
 
-// AddWorker adds a running worker VM to the guest cluster: a virt-launcher pod in the host,
-// labelled exactly as KubeVirt labels the pod of a VM that CAPK created from the cluster's
-// worker template, with its pod IP and Ready condition set through the status subresource
-// (no kubelet runs in the lab), and a Ready Node in the guest with the same InternalIP.
+// AddWorker adds a running worker VM to the guest cluster, created from the template its
+// MachineDeployment points at now: a virt-launcher pod in the host, labelled exactly as
+// KubeVirt labels the pod of a VM that CAPK created from that template, with its pod IP and
+// Ready condition set through the status subresource (no kubelet runs in the lab), a Ready
+// Node in the guest with the same InternalIP, and the masquerade stand-in that forwards the
+// template's declared ports from the pod IP into the VM.
 func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip string) (*Worker, error) {
-	tmpl := &unstructured.Unstructured{}
-	tmpl.SetGroupVersionKind(KubevirtMachineTemplateGVK)
-	if err := l.Host.Client.Get(ctx, types.NamespacedName{Namespace: gc.Namespace, Name: gc.WorkerTemplate}, tmpl); err != nil {
-		return nil, fmt.Errorf("reading worker template: %w", err)
+	vmAddr, err := vmAddress(ip)
+	if err != nil {
+		return nil, err
+	}
+	tmpl, err := l.currentWorkerTemplate(ctx, gc)
+	if err != nil {
+		return nil, err
 	}
 	vmiLabels, _, err := unstructured.NestedStringMap(tmpl.Object, "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "metadata", "labels")
 	if err != nil {
 		return nil, err
 	}
+	analysis, err := ports.Analyze(tmpl, nil)
+	if err != nil {
+		return nil, err
+	}
+	var declared []int32
+	for _, p := range analysis.Declared {
+		if p.Protocol == corev1.ProtocolTCP {
+			declared = append(declared, p.Number)
+		}
+	}
+	nat, err := newMasqueradeNAT(ip, vmAddr, declared, analysis.State == ports.AllPortsForwarded)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{Machine: machine, IP: ip, Template: tmpl.GetName(), VMAddress: vmAddr, nat: nat}
+	l.track(w)
+
 	vmiUID := uuid.NewUUID()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -205,6 +234,7 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 	if err := l.Host.Client.Create(ctx, pod); err != nil {
 		return nil, fmt.Errorf("creating virt-launcher pod: %w", err)
 	}
+	w.Pod = pod.Name
 	now := metav1.Now()
 	pod.Status = corev1.PodStatus{
 		Phase:  corev1.PodRunning,
@@ -214,6 +244,10 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		},
+		ContainerStatuses: []corev1.ContainerStatus{{
+			Name: "compute", Image: pod.Spec.Containers[0].Image, Ready: true, Started: ptr.To(true),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+		}},
 	}
 	if err := l.Host.Client.Status().Update(ctx, pod); err != nil {
 		return nil, fmt.Errorf("setting virt-launcher pod status: %w", err)
@@ -221,18 +255,89 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 	if err := createReadyNode(ctx, l.Guest.Client, machine, ip); err != nil {
 		return nil, err
 	}
-	return &Worker{Machine: machine, IP: ip, Pod: pod.Name}, nil
+	return w, nil
+}
+
+// currentWorkerTemplate reads the KubevirtMachineTemplate the cluster's MachineDeployment
+// points at now (guestnet may have repointed it).
+func (l *Lab) currentWorkerTemplate(ctx context.Context, gc *GuestCluster) (*unstructured.Unstructured, error) {
+	md := &clusterv1.MachineDeployment{}
+	if err := l.Host.Client.Get(ctx, types.NamespacedName{Namespace: gc.Namespace, Name: gc.MachineDeployment}, md); err != nil {
+		return nil, fmt.Errorf("reading MachineDeployment: %w", err)
+	}
+	tmpl := &unstructured.Unstructured{}
+	tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+	name := md.Spec.Template.Spec.InfrastructureRef.Name
+	if err := l.Host.Client.Get(ctx, types.NamespacedName{Namespace: gc.Namespace, Name: name}, tmpl); err != nil {
+		return nil, fmt.Errorf("reading worker template %s: %w", name, err)
+	}
+	return tmpl, nil
+}
+
+// ServeInVM listens on port inside the worker VM, where a guest workload behind a NodePort
+// (kube-proxy in the VM forwarding to, say, Envoy) would answer. From outside the VM it is
+// reachable only through the worker's pod IP, and only if the port is declared.
+func (w *Worker) ServeInVM(port int32) (net.Listener, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(w.VMAddress, strconv.Itoa(int(port))))
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.vm = append(w.vm, l)
+	w.mu.Unlock()
+	if w.nat.forwardAll {
+		if err := w.nat.forward(port); err != nil {
+			_ = l.Close()
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// stop ends the worker's NAT stand-in and what runs in its VM.
+func (w *Worker) stop() {
+	w.nat.stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range w.vm {
+		_ = l.Close()
+	}
+	w.vm = nil
+}
+
+func (l *Lab) track(w *Worker) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.workers = append(l.workers, w)
 }
 
 // RemoveWorker deletes a worker's virt-launcher pod and guest Node, as when CAPI deletes
-// the Machine (the VM goes away with its pod).
+// the Machine: the VM and everything in it go away with its pod.
 func (l *Lab) RemoveWorker(ctx context.Context, gc *GuestCluster, w *Worker) error {
+	w.stop()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: gc.Namespace, Name: w.Pod}}
 	if err := l.Host.Client.Delete(ctx, pod, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
 		return err
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: w.Machine}}
 	return client.IgnoreNotFound(l.Guest.Client.Delete(ctx, node))
+}
+
+// SetMachineDeploymentStatus stands in for CAPI's MachineDeployment controller (none runs
+// in the lab): it reports the MachineDeployment's current generation as observed, with
+// replicas workers of which upToDate run its current template. Tests call it after they
+// replaced workers, to play a rollout.
+func (l *Lab) SetMachineDeploymentStatus(ctx context.Context, gc *GuestCluster, replicas, upToDate int32) error {
+	md := &clusterv1.MachineDeployment{}
+	if err := l.Host.Client.Get(ctx, types.NamespacedName{Namespace: gc.Namespace, Name: gc.MachineDeployment}, md); err != nil {
+		return err
+	}
+	md.Status.ObservedGeneration = md.Generation
+	md.Status.Replicas = ptr.To(replicas)
+	md.Status.UpToDateReplicas = ptr.To(upToDate)
+	md.Status.ReadyReplicas = ptr.To(replicas)
+	md.Status.AvailableReplicas = ptr.To(replicas)
+	return l.Host.Client.Status().Update(ctx, md)
 }
 
 // VirtLauncherPodLabels are the labels of the virt-launcher pod of a CAPK worker VM.

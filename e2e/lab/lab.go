@@ -57,6 +57,9 @@ type Lab struct {
 	Dir    string
 	Host   *Cluster
 	Guest  *Cluster
+
+	mu      sync.Mutex
+	workers []*Worker
 }
 
 // Cluster is one control plane of the lab with a client for it.
@@ -147,8 +150,14 @@ func StartForTest(t testing.TB, opts Options) *Lab {
 	return l
 }
 
-// Stop stops both control planes.
+// Stop stops the workers' stand-ins and both control planes.
 func (l *Lab) Stop() {
+	l.mu.Lock()
+	for _, w := range l.workers {
+		w.stop()
+	}
+	l.workers = nil
+	l.mu.Unlock()
 	for _, c := range []*Cluster{l.Guest, l.Host} {
 		if c != nil {
 			c.Stop()

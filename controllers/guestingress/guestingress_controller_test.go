@@ -1,0 +1,46 @@
+package guestingress_test
+
+// Lab tests of the GuestIngress controller's skeleton against real host and guest
+// apiservers, with CAPI's real ClusterCache connecting to the guest through the
+// <cluster>-kubeconfig Secret. The behaviour both guestnet controllers share is written once,
+// in controllers/internal/controllertest.
+//
+// Run with: make test TEST_PKGS=./controllers/guestingress/... TEST_ARGS='-run TestGuestIngressController -v'
+
+import (
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/internal/controllertest"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+)
+
+func TestMain(m *testing.M) { controllertest.Main(m) }
+
+func TestGuestIngressController(t *testing.T) {
+	controllertest.Run(t, controllertest.Kind{
+		Name:      "GuestIngress",
+		ShortName: "gi",
+		Finalizer: guestnetv1.GuestIngressFinalizer,
+		Columns:   []string{"NAME", "CLUSTER", "IP", "ENDPOINTS", "READY", "AGE"},
+		Empty:     func() controllertest.Object { return &guestnetv1.GuestIngress{} },
+		New: func(ns, name, cluster string) controllertest.Object {
+			return &guestnetv1.GuestIngress{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Spec: guestnetv1.GuestIngressSpec{
+					ClusterName:  cluster,
+					GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
+					LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+				},
+			}
+		},
+		ChangeSpec: func(obj controllertest.Object) {
+			gi := obj.(*guestnetv1.GuestIngress)
+			gi.Spec.LoadBalancer.Annotations = map[string]string{"test.guestnet.dev/change": utilrand.String(8)}
+		},
+		Setup: manager.SetupGuestIngress,
+	})
+}

@@ -1,0 +1,170 @@
+// Package workerports keeps the ports every worker VM of a guest cluster must accept
+// declared on the VMs' KubeVirt masquerade interface.
+//
+// With masquerade networking a VM whose interface lists ports receives only those ports;
+// everything else is dropped silently (field notes, ingress break 2). Ports are fixed when a
+// VM is created, CAPK rejects in-place template edits, and CAPI rolls workers only when a
+// MachineDeployment points at a template with a new name. So, per Cluster, this controller
+// computes the required port set (internal/ports.ForCluster) and, for every worker
+// MachineDeployment whose template's ports list lacks some of it, creates a copy named
+// <base>-<content hash> that declares them and repoints the MachineDeployment: CAPI then
+// rolls the workers with its own rollout strategy.
+//
+// It is the only writer of worker templates and MachineDeployments in guestnet: GuestIngress
+// and GuestWebhookBridge only read the result (their PortsDeclared condition), so they never
+// race each other over a MachineDeployment. MachineDeployments that belong to a ClusterClass
+// topology are never edited; the objects' PortsDeclared condition gives the topology variable
+// value to set instead.
+package workerports
+
+import (
+	"context"
+	"errors"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util/predicates"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
+
+const controllerName = "workerports"
+
+// Reconciler declares the required worker ports of each Cluster that guestnet serves.
+type Reconciler struct {
+	Client client.Client
+
+	// ClusterCache gives access to the guest cluster, where kube-system/cilium-config says
+	// which tunnel port the guest's Cilium uses.
+	ClusterCache clustercache.ClusterCache
+
+	// WatchFilterValue, when set, limits the controller to Clusters labelled
+	// cluster.x-k8s.io/watch-filter=<value>.
+	WatchFilterValue string
+
+	recorder events.EventRecorder
+}
+
+// SetupWithManager registers the controller: it reconciles Clusters, and is woken by the
+// guestnet objects that add requirements, by the cluster's MachineDeployments (a rollout
+// finishing lets the next declaration through) and by the guest's cilium-config.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
+	if r.Client == nil || r.ClusterCache == nil {
+		return errors.New("workerports: Client and ClusterCache must not be nil")
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named(controllerName).
+		For(&clusterv1.Cluster{}, builder.WithPredicates(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue))).
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
+		Watches(&guestnetv1.GuestWebhookBridge{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
+		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToCluster)).
+		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, func(_ context.Context, o client.Object) []ctrl.Request {
+			return []ctrl.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
+		})).
+		WithOptions(options).
+		Complete(r)
+	if err != nil {
+		return err
+	}
+	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
+	return nil
+}
+
+// Worker templates are read, and copies that declare the ports are created; generated
+// copies no MachineDeployment or MachineSet uses any more are deleted.
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch;create;delete
+// MachineDeployments are repointed at the new template, which makes CAPI roll the workers;
+// MachineSets are read so a template an old MachineSet still uses is kept.
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinesets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses;guestwebhookbridges,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile declares the ports the workers of one Cluster need.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cluster, err := clusterscope.GetCluster(ctx, r.Client, req.Namespace, req.Name)
+	if err != nil || cluster == nil {
+		return ctrl.Result{}, err
+	}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("Cluster", klog.KObj(cluster)))
+	if clusterscope.IsPaused(cluster, cluster) || !cluster.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	s, err := r.newScope(ctx, cluster)
+	if err != nil || s == nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.declarePorts(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.deleteUnusedTemplates(ctx, s)
+}
+
+// scope is what one reconcile of a Cluster works with.
+type scope struct {
+	cluster  *clusterv1.Cluster
+	required ports.Set
+	workers  []ports.Workers
+}
+
+// newScope computes the Cluster's required ports and reads its workers. It returns nil when
+// there is nothing to do: no guestnet object and no extra-ports annotation (guestnet manages
+// only the workers of clusters it serves), or no connection to the guest yet (the
+// ClusterCache's connect event brings the Cluster back).
+func (r *Reconciler) newScope(ctx context.Context, cluster *clusterv1.Cluster) (*scope, error) {
+	consumers, err := ports.ListConsumers(ctx, r.Client, cluster)
+	if err != nil {
+		return nil, err
+	}
+	if _, annotated := cluster.Annotations[guestnetv1.ExtraWorkerPortsAnnotation]; consumers.Empty() && !annotated {
+		return nil, nil
+	}
+	if !clusterscope.IsProvisioned(cluster) {
+		return nil, nil
+	}
+	guest, err := r.ClusterCache.GetClient(ctx, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		if errors.Is(err, clustercache.ErrClusterNotConnected) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	required, _, err := ports.ForCluster(ctx, guest, cluster, consumers)
+	if err != nil {
+		r.recorder.Eventf(cluster, nil, corev1.EventTypeWarning, "WorkerPortsUnknown", "DeclarePorts", "Cannot compute the worker ports: %v", err)
+		return nil, err
+	}
+	workers, err := ports.ListWorkers(ctx, r.Client, cluster, required)
+	if err != nil {
+		return nil, err
+	}
+	return &scope{cluster: cluster, required: required, workers: workers}, nil
+}
+
+func objectToCluster(_ context.Context, o client.Object) []reconcile.Request {
+	if name := clusterscope.ClusterNameOf(o); name != "" {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
+	}
+	return nil
+}
+
+func machineDeploymentToCluster(_ context.Context, o client.Object) []reconcile.Request {
+	if md, ok := o.(*clusterv1.MachineDeployment); ok && md.Spec.ClusterName != "" {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: md.Namespace, Name: md.Spec.ClusterName}}}
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+package workerports
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
+
+// declarePorts gives every worker MachineDeployment a template that declares the required
+// ports. A MachineDeployment still rolling out is left alone until it is done: one rollout
+// at a time, at the pace of CAPI's own rollout strategy.
+func (r *Reconciler) declarePorts(ctx context.Context, s *scope) error {
+	revision := s.cluster.Annotations[guestnetv1.TemplateRevisionAnnotation]
+	for _, w := range s.workers {
+		if !needsNewTemplate(w, revision) {
+			continue
+		}
+		md := w.MachineDeployment
+		if rolling, upToDate, desired := w.RollingOut(); rolling {
+			ctrl.LoggerFrom(ctx).Info("Waiting for the rollout to finish before declaring more ports",
+				"MachineDeployment", md.Name, "upToDate", upToDate, "desired", desired)
+			continue
+		}
+		tmpl, err := ports.Declare(w.Template, w.Analysis.Missing, s.cluster.Name, revision)
+		if err != nil {
+			return err
+		}
+		if err := r.Client.Create(ctx, tmpl); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
+		}
+		before := md.DeepCopy()
+		md.Spec.Template.Spec.InfrastructureRef.Name = tmpl.GetName()
+		if err := r.Client.Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+			return fmt.Errorf("repointing MachineDeployment %s at KubevirtMachineTemplate %s: %w", md.Name, tmpl.GetName(), err)
+		}
+		note := fmt.Sprintf("MachineDeployment %s now uses KubevirtMachineTemplate %s (was %s), which declares %s; CAPI rolls the workers",
+			md.Name, tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, revision))
+		ctrl.LoggerFrom(ctx).Info(note)
+		r.recorder.Eventf(s.cluster, md, corev1.EventTypeNormal, "WorkerPortsDeclared", "DeclarePorts", note)
+	}
+	return nil
+}
+
+// needsNewTemplate: the template keeps a ports list (masquerade) that lacks required ports,
+// or was generated for another template revision than the Cluster asks for.
+func needsNewTemplate(w ports.Workers, revision string) bool {
+	if w.TemplateErr != nil || w.TopologyOwned() {
+		return false
+	}
+	switch w.Analysis.State {
+	case ports.PortsMissing:
+		return true
+	case ports.PortsDeclared:
+		return ports.Revision(w.Template) != revision
+	}
+	return false
+}
+
+func describeChange(missing ports.Set, revision string) string {
+	if len(missing) == 0 {
+		return "the same ports for template revision " + fmt.Sprintf("%q", revision)
+	}
+	return "the missing ports " + missing.String()
+}
+
+// deleteUnusedTemplates deletes the templates guestnet generated for the cluster that no
+// MachineDeployment or MachineSet references any more (an old MachineSet keeps its template
+// until CAPI deletes it).
+func (r *Reconciler) deleteUnusedTemplates(ctx context.Context, s *scope) error {
+	inCluster := []client.ListOption{client.InNamespace(s.cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: s.cluster.Name}}
+	used := sets.New[string]()
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := r.Client.List(ctx, mds, inCluster...); err != nil {
+		return err
+	}
+	for _, md := range mds.Items {
+		used.Insert(md.Spec.Template.Spec.InfrastructureRef.Name)
+	}
+	machineSets := &clusterv1.MachineSetList{}
+	if err := r.Client.List(ctx, machineSets, inCluster...); err != nil {
+		return err
+	}
+	for _, ms := range machineSets.Items {
+		used.Insert(ms.Spec.Template.Spec.InfrastructureRef.Name)
+	}
+
+	generated := &metav1.PartialObjectMetadataList{}
+	generated.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind(ports.KubevirtMachineTemplateGVK.Kind + "List"))
+	if err := r.Client.List(ctx, generated, client.InNamespace(s.cluster.Namespace), client.MatchingLabels{guestnetv1.GeneratedTemplateLabel: s.cluster.Name}); err != nil {
+		return err
+	}
+	for i := range generated.Items {
+		tmpl := &generated.Items[i]
+		if used.Has(tmpl.Name) {
+			continue
+		}
+		tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+		if err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &tmpl.UID}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.Name, err)
+		}
+		r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateDeleted", "DeclarePorts",
+			"Deleted KubevirtMachineTemplate %s: guestnet generated it and nothing uses it any more", tmpl.Name)
+	}
+	return nil
+}

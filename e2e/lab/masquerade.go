@@ -1,0 +1,122 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+)
+
+// masqueradeNAT stands in for the NAT that KubeVirt's masquerade binding puts in a worker's
+// virt-launcher pod: it listens on the pod IP and forwards to the VM, but only the ports the
+// VM's template declares on the masquerade interface (every port the VM serves when the
+// template has no ports list). KubeVirt drops undeclared ports silently, so a client waits
+// for a timeout; the stand-in has nothing listening there, so the client is refused at once.
+// Either way the packet never reaches the VM. TCP only: the lab's guest workloads are TCP.
+type masqueradeNAT struct {
+	podIP, vmAddress string
+	forwardAll       bool
+
+	mu        sync.Mutex
+	listeners map[int32]net.Listener
+	wg        sync.WaitGroup
+}
+
+func newMasqueradeNAT(podIP, vmAddress string, declared []int32, forwardAll bool) (*masqueradeNAT, error) {
+	n := &masqueradeNAT{podIP: podIP, vmAddress: vmAddress, forwardAll: forwardAll, listeners: map[int32]net.Listener{}}
+	for _, p := range declared {
+		if err := n.forward(p); err != nil {
+			n.stop()
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// forward starts forwarding podIP:port to vmAddress:port (once per port).
+func (n *masqueradeNAT) forward(port int32) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.listeners[port]; ok {
+		return nil
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(n.podIP, strconv.Itoa(int(port))))
+	if err != nil {
+		return fmt.Errorf("masquerade stand-in for %s: %w", n.podIP, err)
+	}
+	n.listeners[port] = l
+	target := net.JoinHostPort(n.vmAddress, strconv.Itoa(int(port)))
+	n.wg.Go(func() { serveForward(l, target) })
+	return nil
+}
+
+func (n *masqueradeNAT) stop() {
+	n.mu.Lock()
+	for _, l := range n.listeners {
+		_ = l.Close()
+	}
+	n.mu.Unlock()
+	n.wg.Wait()
+}
+
+// serveForward copies each connection accepted on l to target, both ways, until l closes.
+func serveForward(l net.Listener, target string) {
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	for {
+		in, err := l.Accept()
+		if err != nil {
+			return
+		}
+		conns.Go(func() {
+			defer in.Close()
+			out, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", target)
+			if err != nil {
+				return
+			}
+			defer out.Close()
+			pipe(in, out)
+		})
+	}
+}
+
+// pipe copies a to b and b to a until both directions are done.
+func pipe(a, b net.Conn) {
+	var wg sync.WaitGroup
+	copyHalf := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if c, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = c.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+	}
+	wg.Go(func() { copyHalf(a, b) })
+	wg.Go(func() { copyHalf(b, a) })
+	wg.Wait()
+}
+
+// vmAddress is where the lab runs what runs inside a worker VM. In KubeVirt every VM sees
+// itself as 10.0.2.2 behind its own NAT; the lab's workers share one network namespace, so
+// each VM gets its own stand-in address instead: the pod IP with 128 added to the third
+// octet (10.244.1.11 -> 10.244.129.11). Nothing but the worker's NAT stand-in dials it.
+func vmAddress(podIP string) (string, error) {
+	ip := net.ParseIP(podIP).To4()
+	if ip == nil || !mustParseCIDR("10.244.0.0/16").Contains(ip) || ip[2] >= 128 {
+		return "", errors.New("worker IPs must be in 10.244.0.0/17 (the lab's host pod IPs)")
+	}
+	vm := append(net.IP(nil), ip...)
+	vm[2] += 128
+	return vm.String(), nil
+}
+
+func mustParseCIDR(s string) *net.IPNet {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}

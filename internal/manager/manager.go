@@ -1,0 +1,168 @@
+// Package manager wires the guestnet controllers into a controller-runtime manager: what the
+// manager caches, CAPI's ClusterCache (one client and cache per guest cluster, built from the
+// <cluster>-kubeconfig Secret) and the reconcilers. The manager binary (main.go) and the lab
+// tests (e2e/lab.StartManager) share it, so the tests run the wiring that ships.
+package manager
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util/secret"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
+)
+
+// Name is the user agent of every client and the prefix of the leader election lease.
+const Name = "guestnet-manager"
+
+// Options are the settings of the wiring (main.go sets them from its flags). Zero values are
+// usable: every concurrency then is 1, the ClusterCache clients use CAPI's default QPS and
+// burst, and nothing is resynced periodically.
+type Options struct {
+	// WatchNamespace limits the manager to one namespace; all namespaces when empty.
+	WatchNamespace string
+	// WatchFilterValue limits the controllers to objects (and Clusters) labelled
+	// cluster.x-k8s.io/watch-filter=<value>; all objects when empty.
+	WatchFilterValue string
+	// SyncPeriod is the minimum interval at which watched objects are reconciled again;
+	// zero disables the periodic resync.
+	SyncPeriod time.Duration
+
+	GuestIngressConcurrency       int
+	GuestWebhookBridgeConcurrency int
+
+	// ClusterCacheConcurrency is the number of clusters the ClusterCache connects to and
+	// health-checks simultaneously.
+	ClusterCacheConcurrency int
+	// ClusterCacheClientQPS and ClusterCacheClientBurst limit each guest apiserver's client.
+	ClusterCacheClientQPS   float32
+	ClusterCacheClientBurst int
+}
+
+// CacheOptions restricts what the manager caches: one namespace when WatchNamespace is set,
+// no managed fields, and only the Secrets that belong to a Cluster (label
+// cluster.x-k8s.io/cluster-name, as CAPI's own manager does) with their data dropped unless
+// they are the <cluster>-kubeconfig Secrets the ClusterCache needs.
+func (o Options) CacheOptions() ctrlcache.Options {
+	var namespaces map[string]ctrlcache.Config
+	if o.WatchNamespace != "" {
+		namespaces = map[string]ctrlcache.Config{o.WatchNamespace: {}}
+	}
+
+	clusterSecrets, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
+	utilruntime.Must(err)
+
+	return ctrlcache.Options{
+		DefaultNamespaces: namespaces,
+		SyncPeriod:        ptr.To(o.SyncPeriod),
+		DefaultTransform:  ctrlcache.TransformStripManagedFields(),
+		ByObject: map[client.Object]ctrlcache.ByObject{
+			&corev1.Secret{}: {
+				Label:     labels.NewSelector().Add(*clusterSecrets),
+				Transform: keepOnlyKubeconfigData,
+			},
+		},
+	}
+}
+
+// ClientOptions are the options of the manager's client.
+func ClientOptions() client.Options {
+	return client.Options{
+		Cache: &client.CacheOptions{
+			// Reads of Secrets and ConfigMaps go to the API server: caching every one of
+			// them in the host cluster would cost memory, and OOMKills leave no logs.
+			DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
+		},
+	}
+}
+
+// keepOnlyKubeconfigData is a cache transform that drops the data of every cached Secret but
+// the <cluster>-kubeconfig ones.
+func keepOnlyKubeconfigData(in any) (any, error) {
+	if s, ok := in.(*corev1.Secret); ok {
+		s.SetManagedFields(nil)
+		if !strings.HasSuffix(s.Name, "-"+string(secret.Kubeconfig)) {
+			s.Data = nil
+		}
+	}
+	return in, nil
+}
+
+// SetupClusterCache sets up CAPI's ClusterCache on mgr, whose options must come from
+// CacheOptions and ClientOptions: the ClusterCache reads the kubeconfig Secrets from the
+// manager's cache.
+func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (clustercache.ClusterCache, error) {
+	clusterCache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
+		// The manager's cache holds only the Cluster Secrets (see CacheOptions).
+		SecretClient:     mgr.GetCache(),
+		WatchFilterValue: o.WatchFilterValue,
+		Cache: clustercache.CacheOptions{
+			DefaultTransform: ctrlcache.TransformStripManagedFields(),
+		},
+		Client: clustercache.ClientOptions{
+			QPS:       o.ClusterCacheClientQPS,
+			Burst:     o.ClusterCacheClientBurst,
+			UserAgent: Name,
+			Cache: clustercache.ClientCacheOptions{
+				// Never cache all Secrets and ConfigMaps of a guest cluster.
+				DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
+			},
+		},
+	}, concurrency(o.ClusterCacheConcurrency))
+	if err != nil {
+		return nil, fmt.Errorf("setting up ClusterCache: %w", err)
+	}
+	return clusterCache, nil
+}
+
+// SetupReconcilers registers the guestnet controllers on mgr.
+func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
+	if err := SetupGuestIngress(ctx, mgr, clusterCache, o); err != nil {
+		return err
+	}
+	return SetupGuestWebhookBridge(ctx, mgr, clusterCache, o)
+}
+
+// SetupGuestIngress registers the GuestIngress controller on mgr.
+func SetupGuestIngress(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
+	if err := (&guestingress.Reconciler{
+		Client:           mgr.GetClient(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, concurrency(o.GuestIngressConcurrency)); err != nil {
+		return fmt.Errorf("setting up GuestIngress controller: %w", err)
+	}
+	return nil
+}
+
+// SetupGuestWebhookBridge registers the GuestWebhookBridge controller on mgr.
+func SetupGuestWebhookBridge(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
+	if err := (&guestwebhookbridge.Reconciler{
+		Client:           mgr.GetClient(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, concurrency(o.GuestWebhookBridgeConcurrency)); err != nil {
+		return fmt.Errorf("setting up GuestWebhookBridge controller: %w", err)
+	}
+	return nil
+}
+
+func concurrency(n int) controller.Options {
+	return controller.Options{MaxConcurrentReconciles: n}
+}

@@ -1,0 +1,245 @@
+package ports
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// Consumers are the guestnet objects of one cluster whose ports the workers must accept.
+type Consumers struct {
+	Ingresses []*guestnetv1.GuestIngress
+	Bridges   []*guestnetv1.GuestWebhookBridge
+}
+
+// Empty reports whether no guestnet object serves the cluster.
+func (c Consumers) Empty() bool { return len(c.Ingresses) == 0 && len(c.Bridges) == 0 }
+
+// ListConsumers lists the GuestIngresses and GuestWebhookBridges, not being deleted, that
+// name cluster, in the Cluster's namespace.
+func ListConsumers(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (Consumers, error) {
+	var c Consumers
+	ingresses := &guestnetv1.GuestIngressList{}
+	if err := host.List(ctx, ingresses, client.InNamespace(cluster.Namespace)); err != nil {
+		return c, err
+	}
+	for i := range ingresses.Items {
+		if gi := &ingresses.Items[i]; gi.Spec.ClusterName == cluster.Name && gi.DeletionTimestamp.IsZero() {
+			c.Ingresses = append(c.Ingresses, gi)
+		}
+	}
+	bridges := &guestnetv1.GuestWebhookBridgeList{}
+	if err := host.List(ctx, bridges, client.InNamespace(cluster.Namespace)); err != nil {
+		return c, err
+	}
+	for i := range bridges.Items {
+		if gwb := &bridges.Items[i]; gwb.Spec.ClusterName == cluster.Name && gwb.DeletionTimestamp.IsZero() {
+			c.Bridges = append(c.Bridges, gwb)
+		}
+	}
+	return c, nil
+}
+
+// ForCluster is everything the workers of cluster must accept: the base ports, the guest
+// Cilium tunnel (kube-system/cilium-config, read through guest), the ports of every consumer,
+// and the Cluster's extra-worker-ports annotation. The note says what was found about the
+// tunnel.
+func ForCluster(ctx context.Context, guest client.Reader, cluster *clusterv1.Cluster, consumers Consumers) (Set, string, error) {
+	cm := &corev1.ConfigMap{}
+	var ciliumConfig map[string]string
+	switch err := guest.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "cilium-config"}, cm); {
+	case err == nil:
+		ciliumConfig = cm.Data
+		if ciliumConfig == nil {
+			ciliumConfig = map[string]string{}
+		}
+	case !apierrors.IsNotFound(err):
+		return nil, "", fmt.Errorf("reading kube-system/cilium-config in the guest: %w", err)
+	}
+	set, note, err := CiliumTunnel(ciliumConfig)
+	if err != nil {
+		return nil, "", err
+	}
+	set = Base().Union(set)
+
+	extra, err := ParseExtraPorts(cluster.Annotations[guestnetv1.ExtraWorkerPortsAnnotation])
+	if err != nil {
+		return nil, "", err
+	}
+	set = set.Union(extra)
+	for _, gi := range consumers.Ingresses {
+		set = set.Union(ForGuestIngress(gi))
+	}
+	for _, gwb := range consumers.Bridges {
+		set = set.Union(ForBridge(gwb))
+	}
+	return set, note, nil
+}
+
+// Workers is one worker MachineDeployment of a cluster and what its template declares.
+type Workers struct {
+	MachineDeployment *clusterv1.MachineDeployment
+	// Template is the KubevirtMachineTemplate the MachineDeployment points at (nil when
+	// TemplateErr is set).
+	Template    *unstructured.Unstructured
+	TemplateErr error
+	Analysis    Analysis
+}
+
+// TopologyOwned reports whether the MachineDeployment belongs to a ClusterClass topology:
+// the topology controller owns it, so guestnet never edits it.
+func (w *Workers) TopologyOwned() bool {
+	_, ok := w.MachineDeployment.Labels[clusterv1.ClusterTopologyOwnedLabel]
+	return ok
+}
+
+// RollingOut reports whether CAPI is still replacing workers, and how many run the current template.
+func (w *Workers) RollingOut() (bool, int32, int32) {
+	md := w.MachineDeployment
+	desired := ptr.Deref(md.Spec.Replicas, 0)
+	upToDate := ptr.Deref(md.Status.UpToDateReplicas, 0)
+	rolling := md.Status.ObservedGeneration < md.Generation || upToDate < desired ||
+		conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)
+	return rolling, upToDate, desired
+}
+
+// ListWorkers reads the cluster's MachineDeployments that use KubevirtMachineTemplates, and
+// analyses each template against required.
+func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster, required Set) ([]Workers, error) {
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := host.List(ctx, mds, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
+		return nil, err
+	}
+	var out []Workers
+	for i := range mds.Items {
+		md := &mds.Items[i]
+		ref := md.Spec.Template.Spec.InfrastructureRef
+		if md.Spec.ClusterName != cluster.Name || ref.Kind != KubevirtMachineTemplateGVK.Kind || ref.APIGroup != KubevirtMachineTemplateGVK.Group {
+			continue
+		}
+		w := Workers{MachineDeployment: md}
+		tmpl := &unstructured.Unstructured{}
+		tmpl.SetGroupVersionKind(KubevirtMachineTemplateGVK)
+		if err := host.Get(ctx, client.ObjectKey{Namespace: md.Namespace, Name: ref.Name}, tmpl); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return nil, err
+			}
+			w.TemplateErr = fmt.Errorf("KubevirtMachineTemplate %s (MachineDeployment %s) does not exist", ref.Name, md.Name)
+		} else {
+			w.Template = tmpl
+			if w.Analysis, err = Analyze(tmpl, required); err != nil {
+				w.TemplateErr = err
+			}
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// TopologyValue is the value of the ClusterClass variable guestnet.workerPorts that declares
+// ports on topology-managed workers (templates/clusterclass-kubevirt-guestnet.yaml).
+func TopologyValue(ports []Port) string {
+	type entry struct {
+		Port     int32  `json:"port"`
+		Protocol string `json:"protocol"`
+	}
+	entries := make([]entry, len(ports))
+	for i, p := range ports {
+		entries[i] = entry{Port: p.Number, Protocol: string(p.Protocol)}
+	}
+	data, _ := json.Marshal(map[string]any{"workerPorts": entries})
+	return string(data)
+}
+
+// SetPortsDeclaredCondition sets PortsDeclared on obj: whether the ports obj needs (own) are
+// declared on every worker template of the cluster and every worker runs that template.
+// clusterSet is everything the cluster's workers need: for topology-managed workers the
+// message gives the full variable value, since the variable replaces the list as a whole.
+func SetPortsDeclaredCondition(obj conditions.Setter, own, clusterSet Set, workers []Workers) {
+	conditions.Set(obj, portsDeclaredCondition(own, clusterSet, workers))
+}
+
+func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condition {
+	c := metav1.Condition{Type: guestnetv1.PortsDeclaredCondition, Status: metav1.ConditionFalse}
+	if len(own) == 0 {
+		c.Status, c.Reason = metav1.ConditionTrue, guestnetv1.PortsNotRequestedReason
+		c.Message = "No ports to declare (spec.declarePorts is false, or no nodePort is known yet)"
+		return c
+	}
+	if len(workers) == 0 {
+		c.Status, c.Reason = metav1.ConditionUnknown, guestnetv1.NoWorkersReason
+		c.Message = "The Cluster has no MachineDeployment with a KubevirtMachineTemplate yet: nothing to declare ports on"
+		return c
+	}
+
+	var templateErrs, missing, topology, rolling, forwarded, notMasquerade []string
+	for _, w := range workers {
+		md := w.MachineDeployment.Name
+		switch {
+		case w.TemplateErr != nil:
+			templateErrs = append(templateErrs, w.TemplateErr.Error()+": fix the MachineDeployment's infrastructureRef")
+		case w.Analysis.State == AllPortsForwarded:
+			forwarded = append(forwarded, md)
+		case w.Analysis.State == NotMasquerade:
+			notMasquerade = append(notMasquerade, md)
+		default:
+			lacking := own.Missing(w.Analysis.Declared)
+			if len(lacking) == 0 {
+				if isRolling, upToDate, desired := w.RollingOut(); isRolling {
+					rolling = append(rolling, fmt.Sprintf("MachineDeployment %s is rolling out to KubevirtMachineTemplate %s: %d of %d workers run it",
+						md, w.Template.GetName(), upToDate, desired))
+				}
+				continue
+			}
+			if w.TopologyOwned() {
+				all := clusterSet.Union(NewSet(declaredAsRequirements(w.Analysis.Declared)...))
+				topology = append(topology, fmt.Sprintf("MachineDeployment %s belongs to the Cluster topology and its KubevirtMachineTemplate %s lacks %s; "+
+					"guestnet never edits topology-managed workers: set the Cluster topology variable guestnet to %s",
+					md, w.Template.GetName(), lacking, TopologyValue(all.Ports())))
+				continue
+			}
+			missing = append(missing, fmt.Sprintf("KubevirtMachineTemplate %s (MachineDeployment %s) lacks %s: guestnet is creating a copy that declares them and repointing the MachineDeployment, then CAPI rolls the workers",
+				w.Template.GetName(), md, lacking))
+		}
+	}
+	switch {
+	case len(templateErrs) > 0:
+		c.Reason, c.Message = guestnetv1.WorkerTemplateErrorReason, strings.Join(templateErrs, "; ")
+	case len(topology) > 0:
+		c.Reason, c.Message = guestnetv1.TopologyVariableRequiredReason, strings.Join(topology, "; ")
+	case len(missing) > 0:
+		c.Reason, c.Message = guestnetv1.PortsMissingReason, strings.Join(missing, "; ")
+	case len(rolling) > 0:
+		c.Reason, c.Message = guestnetv1.RollingOutReason, strings.Join(rolling, "; ")
+	case len(notMasquerade) == len(workers):
+		c.Status, c.Reason = metav1.ConditionTrue, guestnetv1.NotMasqueradeReason
+		c.Message = "The workers' pod network is not bound with masquerade: there is no ports list to keep"
+	case len(forwarded)+len(notMasquerade) == len(workers):
+		c.Status, c.Reason = metav1.ConditionTrue, guestnetv1.AllPortsForwardedReason
+		c.Message = "The workers' masquerade interface has no ports list: every port reaches the VMs"
+	default:
+		c.Status, c.Reason = metav1.ConditionTrue, guestnetv1.PortsDeclaredReason
+		c.Message = fmt.Sprintf("%s declared on every worker template, and every worker runs it", own)
+	}
+	return c
+}
+
+func declaredAsRequirements(ports []Port) []Requirement {
+	out := make([]Requirement, len(ports))
+	for i, p := range ports {
+		out[i] = Requirement{Port: p, Reasons: []string{"already declared"}}
+	}
+	return out
+}

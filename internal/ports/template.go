@@ -1,0 +1,229 @@
+package ports
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// KubevirtMachineTemplateGVK is CAPK's worker template. CAPK's Go module cannot be imported
+// next to k8s 0.37 (design notes): templates are handled as unstructured, and the embedded
+// VM spec is decoded into KubeVirt's typed structs where that helps.
+var KubevirtMachineTemplateGVK = schema.GroupVersionKind{
+	Group: "infrastructure.cluster.x-k8s.io", Version: "v1alpha1", Kind: "KubevirtMachineTemplate",
+}
+
+// Paths inside a KubevirtMachineTemplate.
+var (
+	vmiSpecPath    = []string{"spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec"}
+	interfacesPath = append(slices.Clone(vmiSpecPath), "domain", "devices", "interfaces")
+	networksPath   = append(slices.Clone(vmiSpecPath), "networks")
+)
+
+// TemplateState says how a worker template's pod network interface treats inbound ports.
+type TemplateState string
+
+const (
+	// PortsDeclared: the masquerade interface lists every required port.
+	PortsDeclared TemplateState = "PortsDeclared"
+	// PortsMissing: the masquerade interface has a ports list that lacks required ports,
+	// which the VM then drops silently.
+	PortsMissing TemplateState = "PortsMissing"
+	// AllPortsForwarded: the masquerade interface has no ports list: every port reaches the VM.
+	AllPortsForwarded TemplateState = "AllPortsForwarded"
+	// NotMasquerade: the pod network is not bound with masquerade (e.g. bridge binding), so
+	// there is no ports list to keep.
+	NotMasquerade TemplateState = "NotMasquerade"
+)
+
+// Analysis is what a worker template declares compared with what the cluster requires.
+type Analysis struct {
+	State TemplateState
+	// Interface is the name of the pod network interface.
+	Interface string
+	// Declared are the ports the interface lists.
+	Declared []Port
+	// Missing are the required ports the interface lacks (State PortsMissing).
+	Missing Set
+}
+
+// Analyze reads the pod network interface of a KubevirtMachineTemplate and compares its
+// ports list with required.
+func Analyze(tmpl *unstructured.Unstructured, required Set) (Analysis, error) {
+	ifaces, index, err := podInterface(tmpl)
+	if err != nil {
+		return Analysis{}, err
+	}
+	if index < 0 {
+		return Analysis{State: AllPortsForwarded}, nil
+	}
+	iface := ifaces[index]
+	a := Analysis{Interface: iface.Name}
+	switch {
+	case iface.Masquerade == nil:
+		a.State = NotMasquerade
+	case len(iface.Ports) == 0:
+		a.State = AllPortsForwarded
+	default:
+		for _, p := range iface.Ports {
+			a.Declared = append(a.Declared, Port{Number: p.Port, Protocol: cmp.Or(corev1.Protocol(p.Protocol), corev1.ProtocolTCP)})
+		}
+		a.Missing = required.Missing(a.Declared)
+		a.State = PortsDeclared
+		if len(a.Missing) > 0 {
+			a.State = PortsMissing
+		}
+	}
+	return a, nil
+}
+
+// podInterface decodes the template's interfaces and returns them with the index of the one
+// attached to the pod network (-1 when none is declared: KubeVirt then forwards everything).
+func podInterface(tmpl *unstructured.Unstructured) ([]kubevirtv1.Interface, int, error) {
+	var ifaces []kubevirtv1.Interface
+	if err := decodeNested(tmpl, interfacesPath, &ifaces); err != nil {
+		return nil, -1, err
+	}
+	var networks []kubevirtv1.Network
+	if err := decodeNested(tmpl, networksPath, &networks); err != nil {
+		return nil, -1, err
+	}
+	podNetwork := "default" // KubeVirt's pod network when none is listed
+	for _, n := range networks {
+		if n.Pod != nil {
+			podNetwork = n.Name
+		}
+	}
+	index := slices.IndexFunc(ifaces, func(i kubevirtv1.Interface) bool { return i.Name == podNetwork })
+	return ifaces, index, nil
+}
+
+func decodeNested(u *unstructured.Unstructured, path []string, into any) error {
+	raw, found, err := unstructured.NestedFieldNoCopy(u.Object, path...)
+	if err != nil || !found {
+		return err
+	}
+	data, err := json.Marshal(raw)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, into); err != nil {
+		return fmt.Errorf("KubevirtMachineTemplate %s: %s: %w", u.GetName(), pathString(path), err)
+	}
+	return nil
+}
+
+func pathString(path []string) string {
+	s := ""
+	for _, p := range path {
+		s += "." + p
+	}
+	return s
+}
+
+// hashLength is the number of hex digits of the content hash in generated template names.
+const hashLength = 10
+
+// BaseName is the name of the user's template that tmpl is, or was generated from.
+func BaseName(tmpl metav1.Object) string {
+	return cmp.Or(tmpl.GetAnnotations()[guestnetv1.BaseTemplateAnnotation], tmpl.GetName())
+}
+
+// Revision is the template revision tmpl was generated for ("" for a user's template).
+func Revision(tmpl metav1.Object) string {
+	return tmpl.GetAnnotations()[guestnetv1.TemplateRevisionAnnotation]
+}
+
+// Declare returns a new KubevirtMachineTemplate: a copy of tmpl whose pod network interface
+// also lists the missing ports, named <base>-<hash of its spec and revision>, with tmpl's
+// labels, annotations and owner references, marked as generated for cluster. The same
+// content always gives the same name, so reconciling twice creates nothing new. tmpl itself
+// is never changed: CAPK rejects in-place edits, and CAPI rolls workers only to a new name.
+func Declare(tmpl *unstructured.Unstructured, missing Set, cluster, revision string) (*unstructured.Unstructured, error) {
+	ifaces, index, err := podInterface(tmpl)
+	if err != nil {
+		return nil, err
+	}
+	if index < 0 || ifaces[index].Masquerade == nil {
+		return nil, fmt.Errorf("KubevirtMachineTemplate %s has no masquerade pod interface to declare ports on", tmpl.GetName())
+	}
+
+	spec, _, err := unstructured.NestedMap(tmpl.Object, "spec")
+	if err != nil {
+		return nil, err
+	}
+	out := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	rawIfaces, _, err := unstructured.NestedSlice(out.Object, interfacesPath...)
+	if err != nil {
+		return nil, err
+	}
+	// Keep every existing entry as it is (names, fields we do not know), append the missing.
+	iface := rawIfaces[index].(map[string]any)
+	ports, _ := iface["ports"].([]any)
+	for _, r := range missing {
+		ports = append(ports, map[string]any{"port": int64(r.Number), "protocol": string(r.Protocol)})
+	}
+	iface["ports"] = ports
+	if err := unstructured.SetNestedSlice(out.Object, rawIfaces, interfacesPath...); err != nil {
+		return nil, err
+	}
+
+	base := BaseName(tmpl)
+	hash, err := contentHash(out.Object["spec"], revision)
+	if err != nil {
+		return nil, err
+	}
+	out.SetGroupVersionKind(KubevirtMachineTemplateGVK)
+	out.SetNamespace(tmpl.GetNamespace())
+	out.SetName(GeneratedName(base, hash))
+	out.SetOwnerReferences(tmpl.GetOwnerReferences())
+	labels := maps.Clone(tmpl.GetLabels())
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[guestnetv1.GeneratedTemplateLabel] = cluster
+	out.SetLabels(labels)
+	annotations := maps.Clone(tmpl.GetAnnotations())
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	delete(annotations, corev1.LastAppliedConfigAnnotation)
+	annotations[guestnetv1.BaseTemplateAnnotation] = base
+	annotations[guestnetv1.TemplateRevisionAnnotation] = revision
+	out.SetAnnotations(annotations)
+	return out, nil
+}
+
+// GeneratedName is <base>-<hash>, with base shortened so the name stays a valid object name.
+func GeneratedName(base, hash string) string {
+	const maxName = 253
+	if len(base) > maxName-1-len(hash) {
+		base = base[:maxName-1-len(hash)]
+	}
+	return base + "-" + hash
+}
+
+func contentHash(spec any, revision string) (string, error) {
+	// encoding/json sorts map keys: the same content always gives the same bytes.
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.New()
+	sum.Write(data)
+	sum.Write([]byte{0})
+	sum.Write([]byte(revision))
+	return hex.EncodeToString(sum.Sum(nil))[:hashLength], nil
+}

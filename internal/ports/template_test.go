@@ -1,0 +1,138 @@
+package ports
+
+import (
+	"strings"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// template builds a KubevirtMachineTemplate whose pod network interface is iface.
+func template(name string, iface map[string]any, networks ...any) *unstructured.Unstructured {
+	if networks == nil {
+		networks = []any{map[string]any{"name": "default", "pod": map[string]any{}}}
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
+		"virtualMachineTemplate": map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
+			"domain":   map[string]any{"devices": map[string]any{"interfaces": []any{iface}}, "memory": map[string]any{"guest": "4Gi"}},
+			"networks": networks,
+		}}}},
+	}}}}}
+	u.SetGroupVersionKind(KubevirtMachineTemplateGVK)
+	u.SetNamespace("tenant")
+	u.SetName(name)
+	return u
+}
+
+func masquerade(ports ...any) map[string]any {
+	i := map[string]any{"name": "default", "masquerade": map[string]any{}}
+	if ports != nil {
+		i["ports"] = ports
+	}
+	return i
+}
+
+func port(n int64, protocol string) map[string]any {
+	p := map[string]any{"port": n}
+	if protocol != "" {
+		p["protocol"] = protocol
+	}
+	return p
+}
+
+func TestAnalyze(t *testing.T) {
+	required := Base().Union(NewSet(Requirement{Port: UDP(8473)}))
+	tests := []struct {
+		name        string
+		tmpl        *unstructured.Unstructured
+		wantState   TemplateState
+		wantMissing []Port
+	}{
+		{name: "all declared (protocol defaults to TCP)", tmpl: template("t", masquerade(port(22, ""), port(10250, "TCP"), port(8473, "UDP"))), wantState: PortsDeclared},
+		{name: "tunnel declared as TCP only", tmpl: template("t", masquerade(port(22, ""), port(10250, ""), port(8473, "TCP"))), wantState: PortsMissing, wantMissing: []Port{UDP(8473)}},
+		{name: "no ports list: all forwarded", tmpl: template("t", masquerade()), wantState: AllPortsForwarded},
+		{name: "bridge binding", tmpl: template("t", map[string]any{"name": "default", "bridge": map[string]any{}, "ports": []any{port(22, "")}}), wantState: NotMasquerade},
+		{name: "pod network under another name", tmpl: template("t",
+			map[string]any{"name": "podnet", "masquerade": map[string]any{}, "ports": []any{port(22, "")}},
+			map[string]any{"name": "podnet", "pod": map[string]any{}}), wantState: PortsMissing, wantMissing: []Port{UDP(8473), TCP(10250)}},
+		{name: "no interface for the pod network", tmpl: template("t", map[string]any{"name": "other", "masquerade": map[string]any{}}), wantState: AllPortsForwarded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			a, err := Analyze(tt.tmpl, required)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(a.State).To(Equal(tt.wantState))
+			g.Expect(a.Missing.Ports()).To(Equal(tt.wantMissing))
+		})
+	}
+}
+
+func TestAnalyzeRejectsMalformedTemplates(t *testing.T) {
+	g := NewWithT(t)
+	tmpl := template("t", masquerade(map[string]any{"port": "twenty-two"}))
+	_, err := Analyze(tmpl, Base())
+	g.Expect(err).To(MatchError(ContainSubstring("KubevirtMachineTemplate t")))
+}
+
+func TestDeclare(t *testing.T) {
+	g := NewWithT(t)
+	orig := template("md-0", masquerade(map[string]any{"name": "ssh", "port": int64(22)}))
+	orig.SetLabels(map[string]string{"team": "a"})
+	orig.SetAnnotations(map[string]string{"note": "x", "kubectl.kubernetes.io/last-applied-configuration": "{}"})
+	orig.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "Cluster", Name: "c", UID: "u"}})
+	missing := NewSet(Requirement{Port: TCP(10250)}, Requirement{Port: UDP(8473)})
+
+	out, err := Declare(orig, missing, "c", "")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(out.GetName()).To(MatchRegexp(`^md-0-[0-9a-f]{10}$`))
+	g.Expect(out.GetNamespace()).To(Equal("tenant"))
+	g.Expect(out.GetLabels()).To(Equal(map[string]string{"team": "a", guestnetv1.GeneratedTemplateLabel: "c"}))
+	g.Expect(out.GetAnnotations()).To(Equal(map[string]string{"note": "x", guestnetv1.BaseTemplateAnnotation: "md-0", guestnetv1.TemplateRevisionAnnotation: ""}))
+	g.Expect(out.GetOwnerReferences()).To(Equal(orig.GetOwnerReferences()))
+
+	a, err := Analyze(out, Base().Union(missing))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(a.State).To(Equal(PortsDeclared))
+	ifaces, _, _ := unstructured.NestedSlice(out.Object, interfacesPath...)
+	g.Expect(ifaces[0].(map[string]any)["ports"]).To(HaveExactElements(
+		map[string]any{"name": "ssh", "port": int64(22)},       // existing entries are kept as they are
+		map[string]any{"port": int64(8473), "protocol": "UDP"}, // then the missing ones, in port order
+		map[string]any{"port": int64(10250), "protocol": "TCP"},
+	))
+	memory, _, _ := unstructured.NestedString(out.Object, append(vmiSpecPath, "domain", "memory", "guest")...)
+	g.Expect(memory).To(Equal("4Gi"), "everything else is copied")
+	origIfaces, _, _ := unstructured.NestedSlice(orig.Object, interfacesPath...)
+	g.Expect(origIfaces[0].(map[string]any)["ports"]).To(HaveLen(1), "the original is never changed")
+
+	again, err := Declare(orig, missing, "c", "")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again.GetName()).To(Equal(out.GetName()), "identical content, identical name")
+
+	revised, err := Declare(orig, missing, "c", "2")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(revised.GetName()).NotTo(Equal(out.GetName()), "a new revision forces a new hash")
+
+	// The next generation derives from the base name, not from the generated one.
+	next, err := Declare(out, NewSet(Requirement{Port: TCP(30080)}), "c", "")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(next.GetName()).To(MatchRegexp(`^md-0-[0-9a-f]{10}$`))
+	g.Expect(next.GetName()).NotTo(Equal(out.GetName()))
+}
+
+func TestDeclareRefusesTemplatesWithoutMasquerade(t *testing.T) {
+	g := NewWithT(t)
+	_, err := Declare(template("t", map[string]any{"name": "default", "bridge": map[string]any{}}), Base(), "c", "")
+	g.Expect(err).To(MatchError(ContainSubstring("no masquerade pod interface")))
+}
+
+func TestGeneratedNameStaysAValidLength(t *testing.T) {
+	g := NewWithT(t)
+	name := GeneratedName(strings.Repeat("a", 300), "0123456789")
+	g.Expect(name).To(HaveLen(253))
+	g.Expect(name).To(HaveSuffix("-0123456789"))
+}
