@@ -96,6 +96,8 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 		"Number of GuestIngresses to reconcile simultaneously.")
 	fs.IntVar(&o.wiring.GuestWebhookBridgeConcurrency, "guestwebhookbridge-concurrency", 10,
 		"Number of GuestWebhookBridges to reconcile simultaneously.")
+	fs.IntVar(&o.wiring.WorkerPortsConcurrency, "workerports-concurrency", 10,
+		"Number of Clusters whose worker port declarations are reconciled simultaneously.")
 
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
 		"Number of clusters the ClusterCache connects to and health-checks simultaneously.")

@@ -7,7 +7,7 @@ import (
 
 // GuestIngressFinalizer lets guestnet remove the host objects it created (Service, pool,
 // L2 policy) and release the ports it declared before a GuestIngress goes away.
-const GuestIngressFinalizer = "guestingress.guestnet.addons.cluster.x-k8s.io"
+const GuestIngressFinalizer = "guestnet.addons.cluster.x-k8s.io/guestingress"
 
 // GuestIngress condition types (see also the shared ones in common_types.go).
 const (

@@ -6,7 +6,7 @@ import (
 
 // GuestWebhookBridgeFinalizer lets guestnet restore the original APIServices and webhook
 // configurations and remove its Services before a GuestWebhookBridge goes away.
-const GuestWebhookBridgeFinalizer = "guestwebhookbridge.guestnet.addons.cluster.x-k8s.io"
+const GuestWebhookBridgeFinalizer = "guestnet.addons.cluster.x-k8s.io/guestwebhookbridge"
 
 // GuestWebhookBridge condition types (see also the shared ones in common_types.go).
 const (

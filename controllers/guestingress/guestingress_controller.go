@@ -73,6 +73,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	clusterToGuestIngresses := clusterscope.ClusterToObjects(mgr.GetClient(),
 		func() client.ObjectList { return &guestnetv1.GuestIngressList{} })
+	machineDeploymentToGuestIngresses := clusterscope.MachineDeploymentToObjects(mgr.GetClient(),
+		func() client.ObjectList { return &guestnetv1.GuestIngressList{} })
 
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
@@ -82,6 +84,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			handler.EnqueueRequestsFromMapFunc(clusterToGuestIngresses),
 			builder.WithPredicates(clusterscope.ClusterChanged()),
 		).
+		// A rollout of the workers changes PortsDeclared.
+		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToGuestIngresses)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToGuestIngresses)).
 		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)).
 		WithOptions(options).
@@ -107,11 +111,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // Cilium LB-IPAM pool (created from spec.loadBalancer, or read when poolRef names one) and L2 announcement policy.
 // +kubebuilder:rbac:groups=cilium.io,resources=ciliumloadbalancerippools;ciliuml2announcementpolicies,verbs=get;list;watch;create;update;patch;delete
-// Masquerade port declarations: a content-hashed copy of the worker template (CAPK rejects in-place edits),
-// deleted again once no MachineDeployment uses it.
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch;create;delete
-// ... and the MachineDeployment repointed at that copy, which makes CAPI roll the workers.
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch;patch
+// PortsDeclared: the worker MachineDeployments and their templates are read (the
+// workerports controller is the one that writes them).
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

@@ -8,6 +8,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // readyConditions are the conditions Ready summarises. Those the controller does not report
@@ -32,6 +33,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, err
 	}
 	s.guestClient = guestClient
+
+	// The workerports controller declares the ports; this object reports whether its own are.
+	if err := ports.ReportPortsDeclared(ctx, r.Client, guestClient, s.cluster, s.guestIngress, ports.ForGuestIngress(s.guestIngress)); err != nil {
+		return ctrl.Result{}, err
+	}
 
 	// TODO(next issue: GuestIngress host exposure): enforce the guest Service's nodePorts,
 	// create the host LoadBalancer Service selecting the worker virt-launcher pods

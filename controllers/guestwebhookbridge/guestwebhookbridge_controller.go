@@ -73,6 +73,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	clusterToBridges := clusterscope.ClusterToObjects(mgr.GetClient(),
 		func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
+	machineDeploymentToBridges := clusterscope.MachineDeploymentToObjects(mgr.GetClient(),
+		func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
 
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
@@ -82,6 +84,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			handler.EnqueueRequestsFromMapFunc(clusterToBridges),
 			builder.WithPredicates(clusterscope.ClusterChanged()),
 		).
+		// A rollout of the workers changes PortsDeclared.
+		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToBridges)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToBridges)).
 		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)).
 		WithOptions(options).
@@ -105,11 +109,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // Its EndpointSlices: a bridge without ready endpoints cannot be reachable.
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
-// Declaring the bridge's nodePort range on the workers: a content-hashed copy of the worker template
-// (CAPK rejects in-place edits), deleted again once no MachineDeployment uses it ...
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch;create;delete
-// ... and the MachineDeployment repointed at that copy, which makes CAPI roll the workers.
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch;patch
+// PortsDeclared: the worker MachineDeployments and their templates are read (the
+// workerports controller is the one that writes them).
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

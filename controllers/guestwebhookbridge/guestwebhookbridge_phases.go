@@ -8,6 +8,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // readyConditions are the conditions Ready summarises. Those the controller does not report
@@ -31,6 +32,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, err
 	}
 	s.guestClient = guestClient
+
+	// The workerports controller declares the ports; this object reports whether its own are.
+	if err := ports.ReportPortsDeclared(ctx, r.Client, guestClient, s.cluster, s.bridge, ports.ForBridge(s.bridge)); err != nil {
+		return ctrl.Result{}, err
+	}
 
 	// TODO(next issue: GuestWebhookBridge targets): select the targets, leave alone (mode
 	// Auto) those the guest apiserver already reaches, create the guest NodePort and host

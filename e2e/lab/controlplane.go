@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -202,16 +203,12 @@ func (cp *ControlPlane) writeKubeconfig() error {
 }
 
 func (cp *ControlPlane) startEtcd(ctx context.Context, assets *Assets) error {
-	clientPort, err := freePort("127.0.0.1")
-	if err != nil {
-		return err
-	}
-	peerPort, err := freePort("127.0.0.1")
-	if err != nil {
-		return err
-	}
-	clientURL := "http://" + hostPort("127.0.0.1", clientPort)
-	peerURL := "http://" + hostPort("127.0.0.1", peerPort)
+	// Each etcd gets a loopback address of its own, so its well-known ports never clash with
+	// another control plane's, not even when two start at once.
+	addr := nextEtcdAddress()
+	clientURL := "http://" + hostPort(addr, 2379)
+	peerURL := "http://" + hostPort(addr, 2380)
+	var err error
 	cp.etcd, err = startProcess(cp.Options.Dir, "etcd", assets.Etcd,
 		"--name="+cp.Options.Name,
 		"--data-dir="+cp.path("etcd"),
@@ -299,6 +296,14 @@ func (cp *ControlPlane) startControllerManager(assets *Assets) error {
 		"--concurrent-gc-syncs=5",
 	)
 	return err
+}
+
+var etcdAddresses atomic.Uint32
+
+// nextEtcdAddress returns 127.0.<n>.1 for the n-th etcd this process starts.
+func nextEtcdAddress() string {
+	n := etcdAddresses.Add(1)
+	return fmt.Sprintf("127.0.%d.%d", n/250, n%250+1)
 }
 
 func httpOK(ctx context.Context, client *http.Client, url string) error {

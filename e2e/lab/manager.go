@@ -85,10 +85,13 @@ func StartManager(t testing.TB, l *Lab, opts manager.Options, setup SetupFunc) c
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), logger))
 	cc, err := manager.SetupClusterCache(ctx, mgr, opts)
 	if err == nil {
-		if s, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) }); ok {
+		s, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) })
+		if !ok {
+			err = fmt.Errorf("the ClusterCache (%T) no longer has SetConnectionCreationRetryInterval", cc)
+		} else {
 			s.SetConnectionCreationRetryInterval(ManagerConnectionRetryInterval)
+			err = setup(ctx, mgr, cc, opts)
 		}
-		err = setup(ctx, mgr, cc, opts)
 	}
 	if err != nil {
 		cancel()

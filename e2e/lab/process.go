@@ -94,14 +94,4 @@ func (p *process) logTail() string {
 	return string(data)
 }
 
-// freePort returns a TCP port that is free on addr right now.
-func freePort(addr string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }

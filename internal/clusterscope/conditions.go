@@ -83,9 +83,10 @@ func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestE
 	conditions.Set(obj, condition)
 }
 
-// SetReadyCondition summarises the given condition types of obj into Ready: False with
-// reason NotReady as long as any of them is not True (a condition not reported yet counts
-// as Unknown), True with reason Ready otherwise. While obj is being deleted Ready is False
+// SetReadyCondition summarises the given condition types of obj into Ready, with CAPI's
+// default merge strategy: False (reason NotReady) when any of them is False, Unknown (reason
+// NotReady) when none is False but one is Unknown or not reported yet, True (reason Ready)
+// when all are True. While obj is being deleted Ready is False
 // with reason Deleting, whatever the other conditions say.
 func SetReadyCondition(obj Object, summarised ...string) {
 	if !obj.GetDeletionTimestamp().IsZero() {

@@ -4,10 +4,13 @@ import (
 	"context"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -65,5 +68,19 @@ func ClusterToObjects(c client.Reader, newList func() client.ObjectList) handler
 			}
 		}
 		return requests
+	}
+}
+
+// MachineDeploymentToObjects returns a map function that turns a MachineDeployment into
+// requests for the guestnet objects (of the kind newList lists) of its Cluster: a rollout
+// changes what their PortsDeclared condition says.
+func MachineDeploymentToObjects(c client.Reader, newList func() client.ObjectList) handler.MapFunc {
+	clusterToObjects := ClusterToObjects(c, newList)
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		md, ok := o.(*clusterv1.MachineDeployment)
+		if !ok || md.Spec.ClusterName == "" {
+			return nil
+		}
+		return clusterToObjects(ctx, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: md.Namespace, Name: md.Spec.ClusterName}})
 	}
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
 )
 
 // Name is the user agent of every client and the prefix of the leader election lease.
@@ -46,6 +47,7 @@ type Options struct {
 
 	GuestIngressConcurrency       int
 	GuestWebhookBridgeConcurrency int
+	WorkerPortsConcurrency        int
 
 	// ClusterCacheConcurrency is the number of clusters the ClusterCache connects to and
 	// health-checks simultaneously.
@@ -136,7 +138,22 @@ func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 	if err := SetupGuestIngress(ctx, mgr, clusterCache, o); err != nil {
 		return err
 	}
-	return SetupGuestWebhookBridge(ctx, mgr, clusterCache, o)
+	if err := SetupGuestWebhookBridge(ctx, mgr, clusterCache, o); err != nil {
+		return err
+	}
+	return SetupWorkerPorts(ctx, mgr, clusterCache, o)
+}
+
+// SetupWorkerPorts registers the controller that declares the worker ports on mgr.
+func SetupWorkerPorts(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
+	if err := (&workerports.Reconciler{
+		Client:           mgr.GetClient(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, concurrency(o.WorkerPortsConcurrency)); err != nil {
+		return fmt.Errorf("setting up worker ports controller: %w", err)
+	}
+	return nil
 }
 
 // SetupGuestIngress registers the GuestIngress controller on mgr.

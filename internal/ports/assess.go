@@ -243,3 +243,23 @@ func declaredAsRequirements(ports []Port) []Requirement {
 	}
 	return out
 }
+
+// ReportPortsDeclared sets PortsDeclared on obj, a GuestIngress or GuestWebhookBridge of
+// cluster that needs the ports own: it computes the cluster's whole port set (for the
+// topology variable value) and reads the workers, as the workerports controller does.
+func ReportPortsDeclared(ctx context.Context, host, guest client.Reader, cluster *clusterv1.Cluster, obj conditions.Setter, own Set) error {
+	consumers, err := ListConsumers(ctx, host, cluster)
+	if err != nil {
+		return err
+	}
+	clusterSet, _, err := ForCluster(ctx, guest, cluster, consumers)
+	if err != nil {
+		return err
+	}
+	workers, err := ListWorkers(ctx, host, cluster, clusterSet)
+	if err != nil {
+		return err
+	}
+	SetPortsDeclaredCondition(obj, own, clusterSet, workers)
+	return nil
+}

@@ -29,6 +29,7 @@ import (
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -395,6 +396,7 @@ type env struct {
 	ctx  context.Context
 	lab  *lab.Lab
 	c    client.Client // the host, uncached
+	mgr  ctrl.Manager
 	ns   string
 	kind Kind
 }
@@ -408,7 +410,7 @@ func newEnv(t *testing.T, kind Kind) *env {
 		ns: kind.ShortName + "-" + utilrand.String(6),
 	}
 	e.g.Expect(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}})).To(Succeed())
-	lab.StartManager(t, l, manager.Options{WatchNamespace: e.ns}, kind.Setup)
+	e.mgr = lab.StartManager(t, l, manager.Options{WatchNamespace: e.ns}, kind.Setup)
 	return e
 }
 
@@ -442,7 +444,9 @@ func (e *env) update(obj Object, mutate func(Object)) {
 }
 
 // createCluster creates a CAPI Cluster as the Cluster controller first sees it: not
-// provisioned, no kubeconfig Secret. mutate adjusts it before it is created.
+// provisioned, no kubeconfig Secret. mutate adjusts it before it is created. It returns once
+// the manager's cache holds the Cluster, so that an object created next is reconciled
+// against it (and not against a cache that has not seen it yet).
 func (e *env) createCluster(name string, mutate func(*clusterv1.Cluster)) *clusterv1.Cluster {
 	e.t.Helper()
 	cluster := &clusterv1.Cluster{
@@ -455,6 +459,9 @@ func (e *env) createCluster(name string, mutate func(*clusterv1.Cluster)) *clust
 	}
 	mutate(cluster)
 	e.g.Expect(e.c.Create(e.ctx, cluster)).To(Succeed())
+	e.g.Eventually(func() error {
+		return e.mgr.GetClient().Get(e.ctx, client.ObjectKeyFromObject(cluster), &clusterv1.Cluster{})
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed(), "the manager's cache never saw Cluster %s", name)
 	return cluster
 }
 
