@@ -15,6 +15,11 @@ CAPK_VERSION           ?= v0.1.10
 CILIUM_VERSION         ?= v1.20.2
 CONTROLLER_GEN_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION      ?= v5.8.2
+# Real third-party servers the lab runs in its guest cluster. Each is built in its own tools
+# module (hack/tools/<name>, whose go.mod pins the same version), so that their old
+# dependencies never touch the provider's.
+CERT_MANAGER_VERSION   ?= v1.11.5
+METRICS_SERVER_VERSION ?= v0.8.0
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
@@ -22,6 +27,8 @@ K8S_BIN      := $(CACHE_DIR)/k8s-$(K8S_VERSION)
 ETCD_BIN     := $(CACHE_DIR)/etcd-$(ETCD_VERSION)
 TOOLS_BIN    := $(CACHE_DIR)/tools
 CRD_DIR      := $(CACHE_DIR)/crds/capi-$(CAPI_VERSION)_capk-$(CAPK_VERSION)_cilium-$(CILIUM_VERSION)
+CERT_MANAGER_BIN   := $(CACHE_DIR)/cert-manager-$(CERT_MANAGER_VERSION)
+METRICS_SERVER_BIN := $(CACHE_DIR)/metrics-server-$(METRICS_SERVER_VERSION)
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 
@@ -31,10 +38,19 @@ KUBECTL                 := $(K8S_BIN)/kubectl
 ETCD                    := $(ETCD_BIN)/etcd
 LAB_BINARIES := $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBECTL) $(ETCD)
 
+CERT_MANAGER_WEBHOOK    := $(CERT_MANAGER_BIN)/cert-manager-webhook
+CERT_MANAGER_CAINJECTOR := $(CERT_MANAGER_BIN)/cert-manager-cainjector
+METRICS_SERVER          := $(METRICS_SERVER_BIN)/metrics-server
+# Binaries, then manifests of the same releases (next to the binaries).
+THIRD_PARTY_ASSETS := $(CERT_MANAGER_WEBHOOK) $(CERT_MANAGER_CAINJECTOR) $(METRICS_SERVER) \
+	$(CERT_MANAGER_BIN)/crds/.complete $(METRICS_SERVER_BIN)/components.yaml
+
 K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=1 \
 	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S_VERSION))) \
 	-X k8s.io/component-base/version.gitTreeState=clean
+CERT_MANAGER_LDFLAGS   := -s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$(CERT_MANAGER_VERSION)
+METRICS_SERVER_LDFLAGS := -s -w -X k8s.io/client-go/pkg/version.gitVersion=$(METRICS_SERVER_VERSION)
 
 # Every test binary runs in a private network namespace that has only lo (DEVELOPERS.md
 # safety rule); hack/labns sets it up and then execs the binary.
@@ -43,7 +59,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 
@@ -101,7 +117,11 @@ build: ## Build the manager binary into bin/.
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: $(LAB_BINARIES) $(CRD_DIR)/.complete ## Build the lab's control-plane binaries and fetch the third-party CRDs.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server) and fetch third-party CRDs/manifests.
+
+.PHONY: host-tools
+host-tools: ## Make sure unshare/nsenter (util-linux) and ip (iproute2) are installed.
+	@hack/ensure-host-tools.sh
 
 $(ETCD):
 	cd hack/tools/etcd && go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@
@@ -111,6 +131,20 @@ $(K8S_BIN)/%:
 
 $(CRD_DIR)/.complete:
 	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION)
+
+$(CERT_MANAGER_BIN)/cert-manager-%:
+	mkdir -p $(dir $@)
+	cd hack/tools/cert-manager && go build -trimpath -ldflags "$(CERT_MANAGER_LDFLAGS)" -o $@.tmp github.com/cert-manager/cert-manager/cmd/$* && mv $@.tmp $@
+
+$(METRICS_SERVER):
+	mkdir -p $(dir $@)
+	cd hack/tools/metrics-server && go build -trimpath -ldflags "$(METRICS_SERVER_LDFLAGS)" -o $@.tmp sigs.k8s.io/metrics-server/cmd/metrics-server && mv $@.tmp $@
+
+$(CERT_MANAGER_BIN)/crds/.complete:
+	hack/fetch-thirdparty-manifests.sh cert-manager $(CERT_MANAGER_BIN) $(CERT_MANAGER_VERSION)
+
+$(METRICS_SERVER_BIN)/components.yaml: | $(KUSTOMIZE)
+	hack/fetch-thirdparty-manifests.sh metrics-server $(METRICS_SERVER_BIN) $(METRICS_SERVER_VERSION) $(KUSTOMIZE)
 
 $(CONTROLLER_GEN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 // A guest webhook that references a Service is dialed at the Service's ClusterIP. The guest
@@ -102,7 +103,7 @@ func TestFieldFailure_HostServiceByVMTemplateLabelsHasNoEndpoints(t *testing.T) 
 
 	byVMLabels, err := lab.HostServiceForWorkers(ctx, host, ns, "by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate})
 	g.Expect(err).NotTo(HaveOccurred())
-	byCAPILabels, err := lab.HostServiceForWorkers(ctx, host, ns, "by-capi-labels", lab.WorkerSelector(gc.Name))
+	byCAPILabels, err := lab.HostServiceForWorkers(ctx, host, ns, "by-capi-labels", virtlauncher.WorkerSelector(gc.Name))
 	g.Expect(err).NotTo(HaveOccurred())
 
 	g.Eventually(func() []string { return readyEndpointAddresses(t, l, ns, byCAPILabels.Name) }).

@@ -43,6 +43,9 @@ const (
 	IPPendingReason = "IPPending"
 	// NoEndpointsReason: the host Service's selector matches no ready virt-launcher pod.
 	NoEndpointsReason = "NoEndpoints"
+	// HostObjectConflictReason: a host object guestnet would create (Service, pool, L2
+	// policy) exists and belongs to someone else; guestnet leaves it alone.
+	HostObjectConflictReason = "HostObjectConflict"
 )
 
 // Defaults and names used on the host LoadBalancer Service.

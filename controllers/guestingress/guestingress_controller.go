@@ -10,6 +10,8 @@ import (
 	"errors"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -29,6 +31,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
 
 // controllerName names the controller, its ClusterCache source and its events.
@@ -38,6 +41,12 @@ const controllerName = "guestingress"
 type Reconciler struct {
 	Client client.Client
 
+	// APIReader reads from the host apiserver directly, for the few reads the manager's
+	// cache cannot answer: whether an object that guestnet would create exists and belongs to
+	// someone else (the cache holds only guestnet's Services), and what is left to delete.
+	// The manager's API reader when nil.
+	APIReader client.Reader
+
 	// ClusterCache gives access to the guest cluster through its <cluster>-kubeconfig Secret.
 	ClusterCache clustercache.ClusterCache
 
@@ -45,7 +54,8 @@ type Reconciler struct {
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
 
-	recorder events.EventRecorder
+	recorder   events.EventRecorder
+	controller controller.Controller
 }
 
 // scope is what one reconcile of a GuestIngress works with.
@@ -55,44 +65,69 @@ type scope struct {
 	cluster *clusterv1.Cluster
 	// guestClient talks to the guest apiserver; set once ClusterAvailable is True.
 	guestClient client.Client
+	// nodePorts are the guest nodePorts behind the spec ports (name -> nodePort), and
+	// nodePortsUsable says whether the host Service may be pointed at them: every port has
+	// one and the guest did not refuse any (NodePortConflict, GuestServicePortNotFound).
+	nodePorts       map[string]int32
+	nodePortsUsable bool
+	// hostService is the live host Service after the host phase; nil when there is none.
+	hostService *corev1.Service
 	// paused is true when CAPI pause applies: then only the Paused condition is written.
 	paused bool
 }
 
 // SetupWithManager registers the controller. Besides GuestIngress itself it watches Clusters
-// (pause, provisioning, creation and deletion change what a GuestIngress reports) and the
-// ClusterCache's connect/disconnect events, so that nothing waits for a resync.
+// (pause, provisioning, creation and deletion change what a GuestIngress reports), the
+// ClusterCache's connect/disconnect events, the host objects it creates (Service,
+// EndpointSlices, pool, L2 policy), the pools a poolRef names, the other GuestIngresses whose
+// IP claims collide, and, through the ClusterCache, the guest's Services (see
+// watchGuestServices): nothing waits for a resync.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.ClusterCache == nil {
 		return errors.New("guestingress: Client and ClusterCache must not be nil")
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestIngress{}); err != nil {
 		return err
 	}
 
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
+	filter := predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)
 	clusterToGuestIngresses := clusterscope.ClusterToObjects(mgr.GetClient(),
 		func() client.ObjectList { return &guestnetv1.GuestIngressList{} })
 	machineDeploymentToGuestIngresses := clusterscope.MachineDeploymentToObjects(mgr.GetClient(),
 		func() client.ObjectList { return &guestnetv1.GuestIngressList{} })
 
-	err := ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
 		// Paused objects are not filtered out: their Paused condition must still be reported.
-		For(&guestnetv1.GuestIngress{}).
+		For(&guestnetv1.GuestIngress{}, builder.WithPredicates(filter)).
 		Watches(&clusterv1.Cluster{},
 			handler.EnqueueRequestsFromMapFunc(clusterToGuestIngresses),
-			builder.WithPredicates(clusterscope.ClusterChanged()),
+			builder.WithPredicates(clusterscope.ClusterChanged(), filter),
 		).
 		// A rollout of the workers changes PortsDeclared.
-		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToGuestIngresses)).
+		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToGuestIngresses),
+			builder.WithPredicates(filter)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToGuestIngresses)).
-		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)).
+		// The host objects: the Service (its IP arrives in its status), its EndpointSlices
+		// (workers come and go), the pool (Cilium's PoolConflict) and the L2 policy (repaired
+		// when changed or deleted by someone else). A poolRef pool that appears ends PoolNotFound.
+		Owns(&corev1.Service{}).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToGuestIngress)).
+		Watches(ingress.NewPool(), handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses)).
+		Watches(ingress.NewL2Policy(), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress)).
+		// A GuestIngress whose IP claim collides with another one's is decided again when
+		// that one changes or goes away.
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.collidingGuestIngresses)).
 		WithOptions(options).
-		Complete(r)
+		Build(r)
 	if err != nil {
 		return err
 	}
+	r.controller = c
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
 	return nil
 }
@@ -105,7 +140,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // The <cluster>-kubeconfig Secret the ClusterCache connects to the guest apiserver with.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
-// The host LoadBalancer Service in the Cluster's namespace that selects the worker virt-launcher pods.
+// The host LoadBalancer Service in the Cluster's namespace that selects the worker virt-launcher pods
+// (server-side applied; deleted when the GuestIngress goes).
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // Its EndpointSlices: zero ready endpoints is the field report's "connection refused".
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
@@ -126,6 +162,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
+	}
+
+	if r.WatchFilterValue != "" && guestIngress.Labels[clusterv1.WatchLabel] != r.WatchFilterValue {
+		// Another instance's object (requests also come from host objects and other
+		// GuestIngresses, which the watch filter does not see).
+		return ctrl.Result{}, nil
 	}
 
 	log := ctrl.LoggerFrom(ctx).WithValues("Cluster", klog.KRef(guestIngress.Namespace, guestIngress.Spec.ClusterName))

@@ -6,11 +6,25 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
 
 func condition(conditionType string, status metav1.ConditionStatus) metav1.Condition {
@@ -78,8 +92,93 @@ func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 		Finalizers:        []string{guestnetv1.GuestIngressFinalizer, "someone.else/finalizer"},
 	}}
 
-	_, err := (&Reconciler{}).reconcileDelete(context.Background(), &scope{guestIngress: gi})
+	// No Cluster: nothing to give back in the guest, and no host object exists.
+	r := newFakeReconciler(t)
+	_, err := r.reconcileDelete(context.Background(), &scope{guestIngress: gi})
 
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(gi.Finalizers).To(Equal([]string{"someone.else/finalizer"}))
+}
+
+// newFakeReconciler is a Reconciler on a fake host client that knows Cilium's kinds, with
+// no guest cluster connected.
+func newFakeReconciler(t *testing.T, objs ...client.Object) *Reconciler {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(clusterv1.AddToScheme(scheme))
+	utilruntime.Must(guestnetv1.AddToScheme(scheme))
+	mapper := meta.NewDefaultRESTMapper(nil)
+	for _, gvk := range []schema.GroupVersionKind{ingress.PoolGVK, ingress.L2PolicyGVK} {
+		mapper.Add(gvk, meta.RESTScopeRoot)
+	}
+	for gvk := range scheme.AllKnownTypes() {
+		mapper.Add(gvk, meta.RESTScopeNamespace)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithRESTMapper(mapper).WithObjects(objs...).Build()
+	return &Reconciler{
+		Client:       c,
+		APIReader:    c,
+		ClusterCache: clustercache.NewFakeEmptyClusterCache(),
+		recorder:     events.NewFakeRecorder(100),
+	}
+}
+
+// While the guest apiserver cannot be reached, nothing is written: the host objects stay as
+// they are (requests keep flowing to the workers), and ClusterAvailable says why. The
+// ClusterCache's connect event brings the object back; it retries the connection itself.
+func TestReconcileNormalChangesNothingWhileTheGuestIsUnreachable(t *testing.T) {
+	g := NewWithT(t)
+	gi := &guestnetv1.GuestIngress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "web", UID: "uid-1"},
+		Spec: guestnetv1.GuestIngressSpec{
+			ClusterName:  "tenant-a",
+			GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
+			Ports:        []guestnetv1.IngressPort{{Name: "http", Port: 80}},
+			LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220", Labels: map[string]string{"changed": "spec"}},
+		},
+		Status: guestnetv1.GuestIngressStatus{LoadBalancerIP: "10.2.6.220", HostService: "tenant-a-web", ReadyEndpoints: 2},
+	}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "tenant-a"}}
+	cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
+	hostSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "k0smotron", Name: "tenant-a-web", Labels: map[string]string{"app.kubernetes.io/managed-by": "guestnet"},
+		OwnerReferences: []metav1.OwnerReference{{Kind: "GuestIngress", Name: "web", UID: "uid-1", Controller: ptr.To(true)}},
+	}}
+	r := newFakeReconciler(t, hostSvc)
+	var writes []string
+	r.Client = interceptor.NewClient(r.Client.(client.WithWatch), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			writes = append(writes, "create "+obj.GetName())
+			return c.Create(ctx, obj, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			writes = append(writes, "delete "+obj.GetName())
+			return c.Delete(ctx, obj, opts...)
+		},
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			writes = append(writes, "apply")
+			return c.Apply(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			writes = append(writes, "patch "+obj.GetName())
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+
+	_, err := r.reconcileNormal(context.Background(), &scope{guestIngress: gi, cluster: cluster})
+
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(writes).To(BeEmpty())
+	g.Expect(conditions.GetReason(gi, guestnetv1.ClusterAvailableCondition)).To(Equal(guestnetv1.GuestUnreachableReason))
+	g.Expect(gi.Status.LoadBalancerIP).To(Equal("10.2.6.220"), "the last known state stays in status")
+
+	// A deletion waits for the guest too: guestnet gives the guest Service back before it
+	// lets the object go.
+	gi.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	gi.Finalizers = []string{guestnetv1.GuestIngressFinalizer}
+	_, err = r.reconcileDelete(context.Background(), &scope{guestIngress: gi, cluster: cluster})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(gi.Finalizers).To(ConsistOf(guestnetv1.GuestIngressFinalizer))
+	g.Expect(writes).To(ConsistOf("delete tenant-a-web"), "the host objects go at once")
 }

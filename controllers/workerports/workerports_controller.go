@@ -46,6 +46,10 @@ const controllerName = "workerports"
 type Reconciler struct {
 	Client client.Client
 
+	// APIReader reads from the API server, not the cache: what decides a deletion must not
+	// be stale.
+	APIReader client.Reader
+
 	// ClusterCache gives access to the guest cluster, where kube-system/cilium-config says
 	// which tunnel port the guest's Cilium uses.
 	ClusterCache clustercache.ClusterCache
@@ -61,8 +65,8 @@ type Reconciler struct {
 // guestnet objects that add requirements, by the cluster's MachineDeployments (a rollout
 // finishing lets the next declaration through) and by the guest's cilium-config.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Client == nil || r.ClusterCache == nil {
-		return errors.New("workerports: Client and ClusterCache must not be nil")
+	if r.Client == nil || r.APIReader == nil || r.ClusterCache == nil {
+		return errors.New("workerports: Client, APIReader and ClusterCache must not be nil")
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	err := ctrl.NewControllerManagedBy(mgr).

@@ -6,7 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/sets"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -76,41 +76,66 @@ func describeChange(missing ports.Set, revision string) string {
 
 // deleteUnusedTemplates deletes the templates guestnet generated for the cluster that no
 // MachineDeployment or MachineSet references any more (an old MachineSet keeps its template
-// until CAPI deletes it).
+// until CAPI deletes it). The cache may not have seen a MachineDeployment this reconcile just
+// repointed, so candidates are checked again against the API server before anything is deleted.
 func (r *Reconciler) deleteUnusedTemplates(ctx context.Context, s *scope) error {
-	inCluster := []client.ListOption{client.InNamespace(s.cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: s.cluster.Name}}
+	generated := &unstructured.UnstructuredList{}
+	generated.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind(ports.KubevirtMachineTemplateGVK.Kind + "List"))
+	if err := r.Client.List(ctx, generated, client.InNamespace(s.cluster.Namespace), client.MatchingLabels{guestnetv1.GeneratedTemplateLabel: s.cluster.Name}); err != nil {
+		return err
+	}
+	if len(generated.Items) == 0 {
+		return nil
+	}
+	used, err := templatesInUse(ctx, r.Client, s.cluster)
+	if err != nil {
+		return err
+	}
+	var unused []unstructured.Unstructured
+	for _, tmpl := range generated.Items {
+		if !used.Has(tmpl.GetName()) {
+			unused = append(unused, tmpl)
+		}
+	}
+	if len(unused) == 0 {
+		return nil
+	}
+	if used, err = templatesInUse(ctx, r.APIReader, s.cluster); err != nil {
+		return err
+	}
+	for i := range unused {
+		tmpl := &unused[i]
+		if used.Has(tmpl.GetName()) {
+			continue
+		}
+		uid := tmpl.GetUID()
+		if err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
+		}
+		r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateDeleted", "DeclarePorts",
+			"Deleted KubevirtMachineTemplate %s: guestnet generated it and nothing uses it any more", tmpl.GetName())
+	}
+	return nil
+}
+
+// templatesInUse names the infrastructure templates the cluster's MachineDeployments and
+// MachineSets reference, as c sees them.
+func templatesInUse(ctx context.Context, c client.Reader, cluster *clusterv1.Cluster) (sets.Set[string], error) {
+	inCluster := []client.ListOption{client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}}
 	used := sets.New[string]()
 	mds := &clusterv1.MachineDeploymentList{}
-	if err := r.Client.List(ctx, mds, inCluster...); err != nil {
-		return err
+	if err := c.List(ctx, mds, inCluster...); err != nil {
+		return nil, err
 	}
 	for _, md := range mds.Items {
 		used.Insert(md.Spec.Template.Spec.InfrastructureRef.Name)
 	}
 	machineSets := &clusterv1.MachineSetList{}
-	if err := r.Client.List(ctx, machineSets, inCluster...); err != nil {
-		return err
+	if err := c.List(ctx, machineSets, inCluster...); err != nil {
+		return nil, err
 	}
 	for _, ms := range machineSets.Items {
 		used.Insert(ms.Spec.Template.Spec.InfrastructureRef.Name)
 	}
-
-	generated := &metav1.PartialObjectMetadataList{}
-	generated.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind(ports.KubevirtMachineTemplateGVK.Kind + "List"))
-	if err := r.Client.List(ctx, generated, client.InNamespace(s.cluster.Namespace), client.MatchingLabels{guestnetv1.GeneratedTemplateLabel: s.cluster.Name}); err != nil {
-		return err
-	}
-	for i := range generated.Items {
-		tmpl := &generated.Items[i]
-		if used.Has(tmpl.Name) {
-			continue
-		}
-		tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
-		if err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &tmpl.UID}); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.Name, err)
-		}
-		r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateDeleted", "DeclarePorts",
-			"Deleted KubevirtMachineTemplate %s: guestnet generated it and nothing uses it any more", tmpl.Name)
-	}
-	return nil
+	return used, nil
 }

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 const (
@@ -82,6 +83,10 @@ func run(hold bool, dir string) error {
 	fmt.Println("These are the failures guestnet exists to fix: GuestIngress gives the workers a host Service that selects them,")
 	fmt.Println("GuestWebhookBridge repoints the webhook and the APIService at endpoints the guest control plane can reach.")
 
+	if err := guestIngressTour(ctx, l, s, host, guest); err != nil {
+		return err
+	}
+
 	if hold {
 		pid := os.Getpid()
 		section("Holding the lab until interrupted (Ctrl-C)")
@@ -93,6 +98,8 @@ func run(hold bool, dir string) error {
 }
 
 type scenario struct {
+	cluster *lab.GuestCluster
+	workers []*lab.Worker
 	metrics *lab.MetricsAPI
 	webhook *lab.ServiceWebhook
 }
@@ -104,15 +111,18 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	if err != nil {
 		return nil, err
 	}
+	var workers []*lab.Worker
 	for i, ip := range []string{"10.244.1.11", "10.244.1.12"} {
-		if _, err := l.AddWorker(ctx, gc, fmt.Sprintf("%s-md-0-%c", clusterName, 'a'+i), ip); err != nil {
+		w, err := l.AddWorker(ctx, gc, fmt.Sprintf("%s-md-0-%c", clusterName, 'a'+i), ip)
+		if err != nil {
 			return nil, err
 		}
+		workers = append(workers, w)
 	}
 	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate}); err != nil {
 		return nil, err
 	}
-	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-capi-labels", lab.WorkerSelector(gc.Name)); err != nil {
+	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-capi-labels", virtlauncher.WorkerSelector(gc.Name)); err != nil {
 		return nil, err
 	}
 	metrics, err := lab.CreateMetricsAPI(ctx, l.Guest.Client, "kube-system", "metrics.k8s.io")
@@ -150,11 +160,11 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	}
 	// Webhook configurations reach the apiserver's admission cache within a second.
 	time.Sleep(time.Second)
-	return &scenario{metrics: metrics, webhook: webhook}, nil
+	return &scenario{cluster: gc, workers: workers, metrics: metrics, webhook: webhook}, nil
 }
 
 // kubectl returns a function that prints and runs a kubectl command against one cluster.
-func kubectl(l *lab.Lab, cluster *lab.Cluster) func(args ...string) {
+func kubectl(l *lab.Lab, cluster *lab.Cluster) kubectlFunc {
 	return func(args ...string) {
 		fmt.Printf("\n$ kubectl --context %s %s\n", cluster.Options.Name, strings.Join(args, " "))
 		cmd := l.Assets.KubectlCommand(cluster.KubeconfigPath, args...)
@@ -168,6 +178,8 @@ func kubectl(l *lab.Lab, cluster *lab.Cluster) func(args ...string) {
 		}
 	}
 }
+
+type kubectlFunc func(args ...string)
 
 func section(title string) {
 	fmt.Printf("\n=== %s\n", title)

@@ -18,21 +18,31 @@ type Assets struct {
 	Kubectl               string
 	// CRDDir holds capi/, capk/ and cilium/ subdirectories of CRD YAML.
 	CRDDir string
+
+	// binDirs is GUESTNET_LAB_BIN, where LookupThirdParty looks.
+	binDirs []string
+}
+
+// ThirdPartyAssets are the real third-party servers that run in the lab's guest cluster,
+// built by the Makefile from their Go modules at pinned versions (hack/tools/cert-manager,
+// hack/tools/metrics-server), each with the manifests of the same release next to it.
+type ThirdPartyAssets struct {
+	// CertManagerWebhook and CertManagerCAInjector are cert-manager's cmd/webhook and
+	// cmd/cainjector; the directory holding them has crds/ (cert-manager's CRDs).
+	CertManagerWebhook    string
+	CertManagerCAInjector string
+	CertManagerCRDDir     string
+	// MetricsServer is metrics-server's cmd/metrics-server; MetricsServerManifests is the
+	// release's components YAML (kustomize build manifests/overlays/release) next to it.
+	MetricsServer          string
+	MetricsServerManifests string
 }
 
 // LookupAssets finds the lab assets named by the environment.
 func LookupAssets() (*Assets, error) {
 	dirs := filepath.SplitList(os.Getenv("GUESTNET_LAB_BIN"))
-	find := func(name string) (string, error) {
-		for _, d := range dirs {
-			p := filepath.Join(d, name)
-			if st, err := os.Stat(p); err == nil && !st.IsDir() {
-				return p, nil
-			}
-		}
-		return "", fmt.Errorf("lab binary %s not found in GUESTNET_LAB_BIN=%q (run `make lab-assets`)", name, strings.Join(dirs, ":"))
-	}
-	a := &Assets{CRDDir: os.Getenv("GUESTNET_LAB_CRDS")}
+	find := func(name string) (string, error) { return findFile(dirs, name) }
+	a := &Assets{CRDDir: os.Getenv("GUESTNET_LAB_CRDS"), binDirs: dirs}
 	var err error
 	for _, b := range []struct {
 		name string
@@ -49,6 +59,43 @@ func LookupAssets() (*Assets, error) {
 		return nil, fmt.Errorf("third-party CRDs not found in GUESTNET_LAB_CRDS=%q (run `make lab-assets`)", a.CRDDir)
 	}
 	return a, nil
+}
+
+// LookupThirdParty finds the third-party servers (and their manifests) in GUESTNET_LAB_BIN.
+// Only tests that run them need them, so LookupAssets does not require them.
+func (a *Assets) LookupThirdParty() (*ThirdPartyAssets, error) {
+	t := &ThirdPartyAssets{}
+	var err error
+	for _, b := range []struct {
+		name string
+		dst  *string
+	}{
+		{"cert-manager-webhook", &t.CertManagerWebhook},
+		{"cert-manager-cainjector", &t.CertManagerCAInjector},
+		{"metrics-server", &t.MetricsServer},
+	} {
+		if *b.dst, err = findFile(a.binDirs, b.name); err != nil {
+			return nil, err
+		}
+	}
+	t.CertManagerCRDDir = filepath.Join(filepath.Dir(t.CertManagerWebhook), "crds")
+	t.MetricsServerManifests = filepath.Join(filepath.Dir(t.MetricsServer), "components.yaml")
+	for _, p := range []string{filepath.Join(t.CertManagerCRDDir, "crd-clusterissuers.yaml"), t.MetricsServerManifests} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("third-party manifests missing: %w (run `make lab-assets`)", err)
+		}
+	}
+	return t, nil
+}
+
+func findFile(dirs []string, name string) (string, error) {
+	for _, d := range dirs {
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("lab binary %s not found in GUESTNET_LAB_BIN=%q (run `make lab-assets`)", name, strings.Join(dirs, ":"))
 }
 
 // Kubectl returns a kubectl command for the given kubeconfig.

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -35,6 +36,10 @@ type ControlPlaneOptions struct {
 	ControllerManager bool
 	// Dir holds certificates, etcd data and logs.
 	Dir string
+	// ResolvConf, when set, is bind-mounted over /etc/resolv.conf for the kube-apiserver
+	// process only (in a mount namespace of its own), so that it resolves names the way a
+	// hosted control plane pod does with its cluster's DNS (see hostDNS).
+	ResolvConf string
 }
 
 // ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
@@ -240,18 +245,18 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		return err
 	}
 	p := cp.path
-	cp.apiserver, err = startProcess(cp.Options.Dir, "kube-apiserver", assets.KubeAPIServer,
-		"--etcd-servers="+string(etcdURL),
-		"--bind-address="+cp.Options.Address,
-		"--advertise-address="+cp.Options.Address,
+	bin, args := assets.KubeAPIServer, []string{
+		"--etcd-servers=" + string(etcdURL),
+		"--bind-address=" + cp.Options.Address,
+		"--advertise-address=" + cp.Options.Address,
 		"--secure-port=6443",
 		"--endpoint-reconciler-type=none",
-		"--service-cluster-ip-range="+cp.Options.ServiceCIDR,
-		"--tls-cert-file="+p("apiserver.crt"),
-		"--tls-private-key-file="+p("apiserver.key"),
-		"--client-ca-file="+p("ca.crt"),
-		"--service-account-key-file="+p("sa.pub"),
-		"--service-account-signing-key-file="+p("sa.key"),
+		"--service-cluster-ip-range=" + cp.Options.ServiceCIDR,
+		"--tls-cert-file=" + p("apiserver.crt"),
+		"--tls-private-key-file=" + p("apiserver.key"),
+		"--client-ca-file=" + p("ca.crt"),
+		"--service-account-key-file=" + p("sa.pub"),
+		"--service-account-signing-key-file=" + p("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode=RBAC",
 		"--allow-privileged=true",
@@ -259,16 +264,22 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		// the guest: the admission plugin would only reject the lab's stand-in Pods.
 		"--disable-admission-plugins=ServiceAccount",
 		// Aggregation layer, set up as on real clusters (kubeadm's flags).
-		"--requestheader-client-ca-file="+p("front-proxy-ca.crt"),
+		"--requestheader-client-ca-file=" + p("front-proxy-ca.crt"),
 		"--requestheader-allowed-names=front-proxy-client",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-username-headers=X-Remote-User",
-		"--proxy-client-cert-file="+p("front-proxy-client.crt"),
-		"--proxy-client-key-file="+p("front-proxy-client.key"),
+		"--proxy-client-cert-file=" + p("front-proxy-client.crt"),
+		"--proxy-client-key-file=" + p("front-proxy-client.key"),
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
-	)
+	}
+	if cp.Options.ResolvConf != "" {
+		if bin, args, err = withResolvConf(cp.Options.ResolvConf, bin, args); err != nil {
+			return err
+		}
+	}
+	cp.apiserver, err = startProcess(cp.Options.Dir, "kube-apiserver", bin, args...)
 	if err != nil {
 		return err
 	}
@@ -296,6 +307,20 @@ func (cp *ControlPlane) startControllerManager(assets *Assets) error {
 		"--concurrent-gc-syncs=5",
 	)
 	return err
+}
+
+// withResolvConf wraps bin and args so that the process runs in a mount namespace of its own
+// (a child of the lab's) where resolvConf is bind-mounted over /etc/resolv.conf. unshare and
+// sh exec in place, so the process keeps its pid and its parent-death signal.
+func withResolvConf(resolvConf, bin string, args []string) (string, []string, error) {
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		return "", nil, err
+	}
+	return unshare, append([]string{
+		"--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+		`mount --bind "$0" /etc/resolv.conf && exec "$@"`, resolvConf, bin,
+	}, args...), nil
 }
 
 var etcdAddresses atomic.Uint32

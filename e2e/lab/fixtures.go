@@ -23,18 +23,21 @@ import (
 )
 
 // Labels KubeVirt puts on every virt-launcher pod, and the ones CAPK puts on the VMI
-// template (so KubeVirt copies them to the pod). CAPI's own labels come from clusterv1.
+// template (so KubeVirt copies them to the pod). CAPI's own labels come from clusterv1. They
+// are spelled here as KubeVirt and CAPK set them, on purpose independently of guestnet's
+// selector (internal/virtlauncher): the lab plays reality, and a wrong selector in guestnet
+// must find no pod here, as in production.
 const (
 	kubevirtLabel          = "kubevirt.io"
 	kubevirtLauncherValue  = "virt-launcher"
+	clusterRoleLabel       = "cluster.x-k8s.io/role"
+	workerRoleValue        = "worker"
 	kubevirtCreatedByLabel = "kubevirt.io/created-by"
 	kubevirtVMNameLabel    = "vm.kubevirt.io/name"
 	capkVMLabel            = "kubevirt.io/vm"
 	capkNameLabel          = "name"
 	capkMachineNameLabel   = "capk.cluster.x-k8s.io/kubevirt-machine-name"
 	capkMachineNSLabel     = "capk.cluster.x-k8s.io/kubevirt-machine-namespace"
-	clusterRoleLabel       = "cluster.x-k8s.io/role"
-	workerRoleValue        = "worker"
 	// VMTemplateLabel is the label the lab's worker template puts in
 	// virtualMachineTemplate.metadata.labels, where the field report first put its selector.
 	VMTemplateLabel = "lab.guestnet.dev/worker-pool"
@@ -52,9 +55,10 @@ type GuestCluster struct {
 
 // WorkerTemplateOptions shape the masquerade interface of the worker template.
 type WorkerTemplateOptions struct {
-	// Ports declared on the masquerade interface; nil means no ports list (every port is
-	// forwarded into the VM).
-	Ports []int32
+	// Ports (TCP) and UDPPorts declared on the masquerade interface; both nil means no ports
+	// list (every port is forwarded into the VM).
+	Ports    []int32
+	UDPPorts []int32
 }
 
 // CreateGuestCluster creates, in the host namespace ns, what CAPI and CAPK hold for a guest
@@ -134,10 +138,13 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 // with a label in virtualMachineTemplate.metadata.labels (which KubeVirt never copies to pods).
 func workerTemplate(ns, name string, opts WorkerTemplateOptions) *unstructured.Unstructured {
 	iface := map[string]any{"name": "default", "masquerade": map[string]any{}}
-	if opts.Ports != nil {
+	if opts.Ports != nil || opts.UDPPorts != nil {
 		ports := []any{}
 		for _, p := range opts.Ports {
 			ports = append(ports, map[string]any{"port": int64(p)})
+		}
+		for _, p := range opts.UDPPorts {
+			ports = append(ports, map[string]any{"port": int64(p), "protocol": "UDP"})
 		}
 		iface["ports"] = ports
 	}

@@ -60,6 +60,9 @@ type Lab struct {
 
 	mu      sync.Mutex
 	workers []*Worker
+	// stops end what tests started in the lab (third-party servers, ...), last first.
+	stops []func()
+	dns   *hostDNS
 }
 
 // Cluster is one control plane of the lab with a client for it.
@@ -98,6 +101,18 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		}
 	}()
 
+	// The host cluster's DNS, which the guest apiserver uses (hostDNS); it answers once the
+	// host apiserver is up.
+	resolvConf := filepath.Join(opts.Dir, "guest-resolv.conf")
+	if !opts.SkipGuest {
+		if l.dns, err = startHostDNS(); err != nil {
+			return nil, err
+		}
+		if err := writeGuestResolvConf(resolvConf); err != nil {
+			return nil, err
+		}
+	}
+
 	var wg sync.WaitGroup
 	var hostErr, guestErr error
 	wg.Go(func() {
@@ -110,13 +125,16 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		wg.Go(func() {
 			l.Guest, guestErr = startCluster(ctx, assets, ControlPlaneOptions{
 				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR,
-				Dir: filepath.Join(opts.Dir, "guest"),
+				Dir: filepath.Join(opts.Dir, "guest"), ResolvConf: resolvConf,
 			})
 		})
 	}
 	wg.Wait()
 	if hostErr != nil {
 		return nil, fmt.Errorf("starting host control plane: %w", hostErr)
+	}
+	if l.dns != nil {
+		l.dns.setHost(l.Host.Client)
 	}
 	if guestErr != nil {
 		return nil, fmt.Errorf("starting guest control plane: %w", guestErr)
@@ -150,8 +168,16 @@ func StartForTest(t testing.TB, opts Options) *Lab {
 	return l
 }
 
-// Stop stops the workers' stand-ins and both control planes.
+// Stop stops what tests started in the lab, the workers' stand-ins, both control planes and
+// the DNS stand-in.
 func (l *Lab) Stop() {
+	l.mu.Lock()
+	stops := l.stops
+	l.stops = nil
+	l.mu.Unlock()
+	for i := len(stops) - 1; i >= 0; i-- {
+		stops[i]()
+	}
 	l.mu.Lock()
 	for _, w := range l.workers {
 		w.stop()
@@ -163,6 +189,14 @@ func (l *Lab) Stop() {
 			c.Stop()
 		}
 	}
+	l.dns.stop()
+}
+
+// onStop registers f to run when the lab stops, before the workers and control planes stop.
+func (l *Lab) onStop(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stops = append(l.stops, f)
 }
 
 func startCluster(ctx context.Context, assets *Assets, opts ControlPlaneOptions) (*Cluster, error) {

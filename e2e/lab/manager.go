@@ -51,16 +51,35 @@ const ManagerConnectionRetryInterval = time.Second
 // same controllers are registered again in the same process.
 func StartManager(t testing.TB, l *Lab, opts manager.Options, setup SetupFunc) ctrl.Manager {
 	t.Helper()
-	if opts.SyncPeriod == 0 {
-		opts.SyncPeriod = ManagerSyncPeriod
-	}
-
 	logPath := filepath.Join(l.Dir, "manager-"+logFileName(t.Name())+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatalf("creating manager log: %v", err)
 	}
-	logger := fileLogger(logFile)
+	mgr, stop, err := RunManager(context.Background(), l, opts, setup, fileLogger(logFile))
+	if err != nil {
+		_ = logFile.Close()
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("%v", err)
+		}
+		_ = logFile.Close()
+		if t.Failed() {
+			t.Logf("manager log %s, last lines:\n%s", logPath, tail(logPath, 6000))
+		}
+	})
+	return mgr
+}
+
+// RunManager is StartManager for callers that are not tests (the demo): it starts the
+// manager, logging to logger, waits until its cache is synced and returns it with the
+// function that stops it.
+func RunManager(ctx context.Context, l *Lab, opts manager.Options, setup SetupFunc, logger klog.Logger) (ctrl.Manager, func() error, error) {
+	if opts.SyncPeriod == 0 {
+		opts.SyncPeriod = ManagerSyncPeriod
+	}
 	setGlobalLoggerOnce(l.Dir)
 
 	restConfig := rest.CopyConfig(l.Host.Config)
@@ -78,62 +97,61 @@ func StartManager(t testing.TB, l *Lab, opts manager.Options, setup SetupFunc) c
 		GracefulShutdownTimeout: ptr.To(10 * time.Second),
 	})
 	if err != nil {
-		_ = logFile.Close()
-		t.Fatalf("creating manager: %v", err)
+		return nil, nil, fmt.Errorf("creating manager: %w", err)
 	}
 
-	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), logger))
-	cc, err := manager.SetupClusterCache(ctx, mgr, opts)
+	runCtx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), logger))
+	cc, err := manager.SetupClusterCache(runCtx, mgr, opts)
 	if err == nil {
 		s, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) })
 		if !ok {
 			err = fmt.Errorf("the ClusterCache (%T) no longer has SetConnectionCreationRetryInterval", cc)
 		} else {
 			s.SetConnectionCreationRetryInterval(ManagerConnectionRetryInterval)
-			err = setup(ctx, mgr, cc, opts)
+			err = setup(runCtx, mgr, cc, opts)
 		}
 	}
 	if err != nil {
 		cancel()
-		_ = logFile.Close()
-		t.Fatalf("setting up manager: %v", err)
+		return nil, nil, fmt.Errorf("setting up manager: %w", err)
 	}
 
 	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
+	go func() { done <- mgr.Start(runCtx) }()
+	stop := func() error {
 		cancel()
+		var err error
 		select {
-		case err := <-done:
+		case err = <-done:
 			if err != nil {
-				t.Errorf("manager stopped with an error: %v", err)
+				err = fmt.Errorf("manager stopped with an error: %w", err)
 			}
 		case <-time.After(30 * time.Second):
-			t.Errorf("manager did not stop within 30s")
+			err = fmt.Errorf("manager did not stop within 30s")
 		}
 		// The ClusterCache's per-cluster caches do not stop with the manager.
 		if s, ok := cc.(interface{ Shutdown() }); ok {
 			s.Shutdown()
 		}
-		_ = logFile.Close()
-		if t.Failed() {
-			t.Logf("manager log %s, last lines:\n%s", logPath, tail(logPath, 6000))
-		}
-	})
+		return err
+	}
 
 	syncCtx, syncCancel := context.WithTimeout(ctx, time.Minute)
 	defer syncCancel()
 	select {
 	case <-mgr.Elected():
 	case err := <-done:
-		t.Fatalf("manager stopped before it started: %v", err)
+		cancel()
+		return nil, nil, fmt.Errorf("manager stopped before it started: %w", err)
 	case <-syncCtx.Done():
-		t.Fatalf("manager did not start within a minute")
+		_ = stop()
+		return nil, nil, fmt.Errorf("manager did not start within a minute")
 	}
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		t.Fatalf("manager cache did not sync within a minute")
+		_ = stop()
+		return nil, nil, fmt.Errorf("manager cache did not sync within a minute")
 	}
-	return mgr
+	return mgr, stop, nil
 }
 
 // fileLogger logs to w in klog's text format at verbosity 4 (guestnet's debug level).

@@ -21,6 +21,10 @@ const (
 	// GuestServiceCIDR is the guest cluster's service CIDR. It has no route in the lab
 	// namespace: the guest apiserver cannot reach guest ClusterIPs, as in production.
 	GuestServiceCIDR = "10.96.0.0/16"
+	// LoadBalancerCIDR is the lab's "physical" network of load-balancer IPs: pools of the
+	// tests take IPs from it, and the Cilium stand-in (StartCiliumStandIn) listens on the IPs
+	// it announces. Local in the lab namespace; an IP outside it is never bound or dialed.
+	LoadBalancerCIDR = "10.98.0.0/16"
 	// WorkerCIDR holds the pod IPs of worker virt-launcher pods (the VMs' real addresses).
 	WorkerCIDR = "10.244.1.0/24"
 )

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -143,16 +142,6 @@ func HostServiceForWorkers(ctx context.Context, c client.Client, ns, name string
 		},
 	}
 	return svc, c.Create(ctx, svc)
-}
-
-// WorkerSelector is the selector the field report learned to use: the labels CAPI and CAPK
-// guarantee on a cluster's worker virt-launcher pods.
-func WorkerSelector(cluster string) map[string]string {
-	return map[string]string{
-		clusterv1.ClusterNameLabel: cluster,
-		clusterRoleLabel:           workerRoleValue,
-		kubevirtLabel:              kubevirtLauncherValue,
-	}
 }
 
 func createNamespaces(ctx context.Context, c client.Client, names ...string) error {

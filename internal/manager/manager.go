@@ -11,6 +11,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -27,6 +30,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
 // Name is the user agent of every client and the prefix of the leader election lease.
@@ -58,9 +62,12 @@ type Options struct {
 }
 
 // CacheOptions restricts what the manager caches: one namespace when WatchNamespace is set,
-// no managed fields, and only the Secrets that belong to a Cluster (label
-// cluster.x-k8s.io/cluster-name, as CAPI's own manager does) with their data dropped unless
-// they are the <cluster>-kubeconfig Secrets the ClusterCache needs.
+// no managed fields but guestnet's own (see KeepOwnManagedFields), only the Secrets that
+// belong to a Cluster (label cluster.x-k8s.io/cluster-name, as CAPI's own manager does) with
+// their data dropped unless they are the <cluster>-kubeconfig Secrets the ClusterCache needs,
+// and only the Services and EndpointSlices guestnet created (label
+// app.kubernetes.io/managed-by=guestnet, which the EndpointSlice controller copies from a
+// Service to its slices): a host cluster has many of both, and OOMKills leave no logs.
 func (o Options) CacheOptions() ctrlcache.Options {
 	var namespaces map[string]ctrlcache.Config
 	if o.WatchNamespace != "" {
@@ -69,16 +76,19 @@ func (o Options) CacheOptions() ctrlcache.Options {
 
 	clusterSecrets, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
 	utilruntime.Must(err)
+	ours := labels.SelectorFromSet(labels.Set{hostnames.ManagedByLabel: hostnames.ManagedByValue})
 
 	return ctrlcache.Options{
 		DefaultNamespaces: namespaces,
 		SyncPeriod:        ptr.To(o.SyncPeriod),
-		DefaultTransform:  ctrlcache.TransformStripManagedFields(),
+		DefaultTransform:  KeepOwnManagedFields,
 		ByObject: map[client.Object]ctrlcache.ByObject{
 			&corev1.Secret{}: {
 				Label:     labels.NewSelector().Add(*clusterSecrets),
 				Transform: keepOnlyKubeconfigData,
 			},
+			&corev1.Service{}:            {Label: ours},
+			&discoveryv1.EndpointSlice{}: {Label: ours},
 		},
 	}
 }
@@ -92,6 +102,25 @@ func ClientOptions() client.Options {
 			DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
 		},
 	}
+}
+
+// KeepOwnManagedFields is a cache transform that drops every managedFields entry but
+// guestnet's own server-side apply entries (field manager hostnames.FieldManager). Those are
+// small, exist only on the objects guestnet applies, and tell guestnet what it owns, so it can
+// skip an apply that would change nothing (internal/ingress.ServiceUpToDate).
+func KeepOwnManagedFields(in any) (any, error) {
+	obj, err := meta.Accessor(in)
+	if err != nil {
+		return in, nil //nolint:nilerr // not an object (e.g. a tombstone): nothing to strip
+	}
+	var keep []metav1.ManagedFieldsEntry
+	for _, e := range obj.GetManagedFields() {
+		if e.Manager == hostnames.FieldManager {
+			keep = append(keep, e)
+		}
+	}
+	obj.SetManagedFields(keep)
+	return in, nil
 }
 
 // keepOnlyKubeconfigData is a cache transform that drops the data of every cached Secret but
@@ -115,7 +144,8 @@ func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (cluste
 		SecretClient:     mgr.GetCache(),
 		WatchFilterValue: o.WatchFilterValue,
 		Cache: clustercache.CacheOptions{
-			DefaultTransform: ctrlcache.TransformStripManagedFields(),
+			// guestnet server-side applies the guest ingress controller's Service.
+			DefaultTransform: KeepOwnManagedFields,
 		},
 		Client: clustercache.ClientOptions{
 			QPS:       o.ClusterCacheClientQPS,
@@ -148,6 +178,7 @@ func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 func SetupWorkerPorts(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
 	if err := (&workerports.Reconciler{
 		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, concurrency(o.WorkerPortsConcurrency)); err != nil {
@@ -160,6 +191,7 @@ func SetupWorkerPorts(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 func SetupGuestIngress(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
 	if err := (&guestingress.Reconciler{
 		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, concurrency(o.GuestIngressConcurrency)); err != nil {

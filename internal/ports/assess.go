@@ -105,13 +105,16 @@ func (w *Workers) TopologyOwned() bool {
 	return ok
 }
 
-// RollingOut reports whether CAPI is still replacing workers, and how many run the current template.
-func (w *Workers) RollingOut() (bool, int32, int32) {
+// RollingOut reports whether CAPI is still replacing workers, and how many of the desired
+// workers run the current template. Until CAPI has observed the MachineDeployment's current
+// generation its status describes the previous template, so none counts as up to date.
+func (w *Workers) RollingOut() (rolling bool, upToDate, desired int32) {
 	md := w.MachineDeployment
-	desired := ptr.Deref(md.Spec.Replicas, 0)
-	upToDate := ptr.Deref(md.Status.UpToDateReplicas, 0)
-	rolling := md.Status.ObservedGeneration < md.Generation || upToDate < desired ||
-		conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)
+	desired = ptr.Deref(md.Spec.Replicas, 0)
+	if md.Status.ObservedGeneration >= md.Generation {
+		upToDate = ptr.Deref(md.Status.UpToDateReplicas, 0)
+	}
+	rolling = upToDate < desired || conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)
 	return rolling, upToDate, desired
 }
 

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2/textlogger"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+)
+
+// The load-balancer IP of the demo, in the lab's "physical" range (lab.LoadBalancerCIDR).
+const demoIP = "10.98.0.10"
+
+const guestIngressYAML = `apiVersion: guestnet.addons.cluster.x-k8s.io/v1alpha1
+kind: GuestIngress
+metadata:
+  name: web
+  namespace: %s
+spec:
+  clusterName: %s
+  guestService: {namespace: projectcontour, name: envoy}
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: https, port: 443, nodePort: 30443}
+  loadBalancer:
+    ip: %s
+    l2:
+      interfaces: ["^eth0$"]
+`
+
+// guestIngressTour starts guestnet (and the Cilium stand-in that plays LB-IPAM, L2
+// announcement and kube-proxy in the lab), applies a GuestIngress and follows a request from
+// the load-balancer IP to Envoy in the guest.
+func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest kubectlFunc) error {
+	section("guestnet: start the manager, and the Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy: no Cilium runs in the lab)")
+	standIn, err := lab.StartCiliumStandIn(ctx, l)
+	if err != nil {
+		return err
+	}
+	defer standIn.Stop()
+	logPath := filepath.Join(l.Dir, "manager-demo.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
+	_, stopManager, err := lab.RunManager(ctx, l, manager.Options{}, manager.SetupReconcilers, logger)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopManager() }()
+	fmt.Printf("manager log: %s\n", logPath)
+
+	section("Guest: Contour's Envoy Service (ClusterIP, ports 80/443); an Envoy stand-in in every worker VM answers with its machine name")
+	if err := createContour(ctx, l, s.workers); err != nil {
+		return err
+	}
+	guest("get", "service", "-n", "projectcontour", "envoy")
+
+	// CAPI reports the workers' MachineDeployment as rolled out (no CAPI controller runs in the lab).
+	if err := l.SetMachineDeploymentStatus(ctx, s.cluster, 2, 2); err != nil {
+		return err
+	}
+
+	section("Host: apply a GuestIngress (one physical IP for the guest's ingress controller)")
+	path := filepath.Join(l.Dir, "guestingress.yaml")
+	manifest := fmt.Sprintf(guestIngressYAML, clusterNamespace, clusterName, demoIP)
+	if err := os.WriteFile(path, []byte(manifest), 0o600); err != nil {
+		return err
+	}
+	fmt.Print(manifest)
+	host("apply", "-f", path)
+	gi := &guestnetv1.GuestIngress{}
+	key := client.ObjectKey{Namespace: clusterNamespace, Name: "web"}
+	if err := waitFor(ctx, func() bool {
+		return l.Host.Client.Get(ctx, key, gi) == nil && gi.Status.LoadBalancerIP != "" && gi.Status.ReadyEndpoints > 0
+	}); err != nil {
+		return fmt.Errorf("waiting for the GuestIngress's IP and endpoints: %w", err)
+	}
+	host("get", "gi", "-n", clusterNamespace)
+	host("get", "services,endpointslices", "-n", clusterNamespace, "-l", "app.kubernetes.io/managed-by=guestnet", "-o", "wide")
+	host("get", "ciliumloadbalancerippools,ciliuml2announcementpolicies")
+	guest("get", "service", "-n", "projectcontour", "envoy")
+
+	section("A request to the load-balancer IP: LB IP -> host Service -> virt-launcher pod -> masquerade NAT -> VM nodePort -> Envoy")
+	curl(ctx, 80, 4)
+
+	section("Port 443: nodePort 30443 is not declared on the workers' masquerade interface, so KubeVirt drops it")
+	curl(ctx, 443, 1)
+	md := &clusterv1.MachineDeployment{}
+	if err := waitFor(ctx, func() bool {
+		return l.Host.Client.Get(ctx, client.ObjectKey{Namespace: clusterNamespace, Name: s.cluster.MachineDeployment}, md) == nil &&
+			md.Spec.Template.Spec.InfrastructureRef.Name != s.cluster.WorkerTemplate
+	}); err != nil {
+		return fmt.Errorf("waiting for guestnet to declare the nodePorts on a new worker template: %w", err)
+	}
+	fmt.Println("\nguestnet declared it on a new worker template and repointed the MachineDeployment:")
+	host("get", "gi", "web", "-n", clusterNamespace, "-o", `jsonpath={.status.conditions[?(@.type=="PortsDeclared")].message}{"\n"}`)
+	host("get", "machinedeployments", "-n", clusterNamespace, "-o", "custom-columns=NAME:.metadata.name,TEMPLATE:.spec.template.spec.infrastructureRef.name")
+
+	section("CAPI rolls the workers onto the template guestnet generated (the demo plays CAPI: new VMs, old ones deleted)")
+	for i, old := range s.workers {
+		if err := l.RemoveWorker(ctx, s.cluster, old); err != nil {
+			return err
+		}
+		w, err := l.AddWorker(ctx, s.cluster, fmt.Sprintf("%s-md-0-%c", clusterName, 'c'+i), fmt.Sprintf("10.244.1.%d", 13+i))
+		if err != nil {
+			return err
+		}
+		for _, port := range []int32{30080, 30443} {
+			if err := w.ServeMachineName(port); err != nil {
+				return err
+			}
+		}
+	}
+	if err := l.SetMachineDeploymentStatus(ctx, s.cluster, 2, 2); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, func() bool {
+		return l.Host.Client.Get(ctx, key, gi) == nil && conditions.IsTrue(gi, guestnetv1.ReadyCondition) && gi.Status.ReadyEndpoints == 2
+	}); err != nil {
+		return fmt.Errorf("waiting for the GuestIngress to be Ready: %w", err)
+	}
+	host("get", "pods", "-n", clusterNamespace, "-o", "wide", "-l", "kubevirt.io=virt-launcher")
+	host("get", "gi", "-n", clusterNamespace)
+	curl(ctx, 443, 4)
+	return nil
+}
+
+// createContour creates Contour's Envoy Service in the guest and runs an Envoy stand-in on
+// the nodePorts the GuestIngress will fix, in every worker VM.
+func createContour(ctx context.Context, l *lab.Lab, workers []*lab.Worker) error {
+	if err := l.Guest.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "projectcontour"}}); err != nil {
+		return err
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "projectcontour", Name: "envoy", Labels: map[string]string{"app.kubernetes.io/name": "contour"}},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app.kubernetes.io/name": "contour", "app.kubernetes.io/component": "envoy"},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, TargetPort: intstr.FromString("http")},
+				{Name: "https", Port: 443, TargetPort: intstr.FromString("https")},
+			},
+		},
+	}
+	if err := l.Guest.Client.Create(ctx, svc, client.FieldOwner("helm")); err != nil {
+		return err
+	}
+	for _, w := range workers {
+		for _, port := range []int32{30080, 30443} {
+			if err := w.ServeMachineName(port); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// curl sends n requests to the load-balancer IP and prints who answered.
+func curl(ctx context.Context, port int32, n int) {
+	for range n {
+		fmt.Printf("\n$ curl http://%s:%d/\n", demoIP, port)
+		body, err := lab.Get(ctx, demoIP, port)
+		if err != nil {
+			fmt.Printf("curl: %v\n", err)
+			continue
+		}
+		fmt.Printf("%s    (the Envoy stand-in in worker VM %s answered)\n", body, body)
+	}
+}
+
+func waitFor(ctx context.Context, done func() bool) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return done(), nil
+	})
+}

@@ -1,0 +1,178 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// podNetns stands in for the network namespace of a guest pod on a worker VM, for servers
+// that cannot be told which address to bind: cert-manager's webhook (1.11) listens on
+// ":<secure-port>" and ":<healthz-port>", every address of its pod. In the lab's own network
+// namespace that would be every lab address, so such a server runs in a network namespace of
+// its own (a child of the lab's, with nothing but lo), where the wildcard is harmless, as in
+// its pod:
+//   - egress: the guest apiserver's address is local in the pod namespace, and a forwarder
+//     carries each connection to the real guest apiserver (as the VM's NAT carries a pod's
+//     traffic to the host network in production), TLS untouched;
+//   - ingress: publish(port) listens on the worker's VM address (Worker.ServeInVM, so the
+//     masquerade stand-in forwards the port from the worker's pod IP when it is declared) and
+//     forwards to the port inside the pod namespace, as a hostPort would.
+//
+// The forwarders create their sockets inside the pod namespace from a thread that enters it
+// for that one call (setns), so the test process itself stays in the lab namespace.
+type podNetns struct {
+	name string
+	path string // nsfs bind mount that keeps the namespace alive
+	ns   *os.File
+
+	mu        sync.Mutex
+	listeners []net.Listener
+	wg        sync.WaitGroup
+}
+
+// newPodNetns creates the namespace <dir>/<name>.netns with lo up and the guest apiserver's
+// address local, and starts the egress forwarder to the guest apiserver.
+func newPodNetns(dir, name string) (_ *podNetns, err error) {
+	n := &podNetns{name: name, path: dir + "/" + name + ".netns"}
+	if err := os.WriteFile(n.path, nil, 0o600); err != nil {
+		return nil, err
+	}
+	for _, args := range [][]string{
+		{"unshare", "--net=" + n.path, "true"},
+		{"nsenter", "--net=" + n.path, "ip", "link", "set", "lo", "up"},
+		{"nsenter", "--net=" + n.path, "ip", "addr", "add", GuestAPIServerAddress + "/32", "dev", "lo"},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			n.close()
+			return nil, fmt.Errorf("pod network namespace %s: %s: %v: %s", name, args, err, out)
+		}
+	}
+	defer func() {
+		if err != nil {
+			n.close()
+		}
+	}()
+	if n.ns, err = os.Open(n.path); err != nil {
+		return nil, err
+	}
+	apiserver := hostPort(GuestAPIServerAddress, 6443)
+	var egress net.Listener
+	if err := n.do(func() (err error) { egress, err = net.Listen("tcp", apiserver); return err }); err != nil {
+		return nil, fmt.Errorf("pod network namespace %s: egress forwarder: %w", name, err)
+	}
+	n.track(egress)
+	n.wg.Go(func() {
+		serveForwardWith(egress, func(ctx context.Context) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", apiserver)
+		})
+	})
+	return n, nil
+}
+
+// command returns the command line that runs bin with args inside the namespace (nsenter
+// execs in place: the process keeps its pid and parent-death signal).
+func (n *podNetns) command(bin string, args ...string) (string, []string) {
+	return "nsenter", append([]string{"--net=" + n.path, "--", bin}, args...)
+}
+
+// publish makes port of the pod namespace reachable at the worker's VM address.
+func (n *podNetns) publish(w *Worker, port int32) error {
+	l, err := w.ServeInVM(port)
+	if err != nil {
+		return fmt.Errorf("publishing %s port %d on %s: %w", n.name, port, w.VMAddress, err)
+	}
+	target := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
+	n.wg.Go(func() {
+		serveForwardWith(l, func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, target) })
+	})
+	return nil
+}
+
+// dial connects to addr from inside the namespace.
+func (n *podNetns) dial(ctx context.Context, addr string) (c net.Conn, err error) {
+	err = n.do(func() error {
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return c, err
+}
+
+// do runs f on a thread that is inside the namespace for the duration of f; sockets f
+// creates belong to the namespace for good.
+func (n *podNetns) do(f func() error) error {
+	runtime.LockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer self.Close()
+	if err := unix.Setns(int(n.ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("entering pod network namespace %s: %w", n.name, err)
+	}
+	ferr := f()
+	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+		// The thread stays locked, so the runtime ends it with this goroutine instead of
+		// reusing it in the wrong namespace.
+		return errors.Join(ferr, fmt.Errorf("leaving pod network namespace %s: %w", n.name, err))
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}
+
+func (n *podNetns) track(l net.Listener) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.listeners = append(n.listeners, l)
+}
+
+// close stops the forwarders (published ports close with their worker, or here) and
+// releases the namespace.
+func (n *podNetns) close() {
+	n.mu.Lock()
+	for _, l := range n.listeners {
+		_ = l.Close()
+	}
+	n.listeners = nil
+	n.mu.Unlock()
+	if n.ns != nil {
+		_ = n.ns.Close()
+	}
+	_ = unix.Unmount(n.path, unix.MNT_DETACH)
+	_ = os.Remove(n.path)
+}
+
+// serveForwardWith copies each connection accepted on l to a connection from dial, both
+// ways, until l closes.
+func serveForwardWith(l net.Listener, dial func(context.Context) (net.Conn, error)) {
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	for {
+		in, err := l.Accept()
+		if err != nil {
+			return
+		}
+		conns.Go(func() {
+			defer in.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			out, err := dial(ctx)
+			cancel()
+			if err != nil {
+				return
+			}
+			defer out.Close()
+			pipe(in, out)
+		})
+	}
+}

@@ -1,0 +1,120 @@
+package ingress
+
+import (
+	"bytes"
+	"reflect"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+)
+
+// Deciding whether an apply would change anything. guestnet server-side applies what it
+// wants; applying an unchanged configuration changes nothing in the object, but it is still a
+// write request, on every reconcile. So guestnet first compares what it wants with what its
+// field manager owns in the live object (the manager's cache keeps guestnet's own
+// managedFields entry for this, see internal/manager), and applies only on a difference.
+
+// ServiceUpToDate reports whether applying desired to the live Service as guestnet's field
+// manager would change nothing: the fields guestnet owns in live are exactly desired's, with
+// desired's values.
+func ServiceUpToDate(desired *corev1ac.ServiceApplyConfiguration, live *corev1.Service) (bool, error) {
+	owned, err := corev1ac.ExtractService(live, hostnames.FieldManager)
+	if err != nil {
+		return false, err
+	}
+	return equality.Semantic.DeepEqual(owned, desired), nil
+}
+
+// ObjectUpToDate is ServiceUpToDate for unstructured objects (Cilium's kinds, whose schema
+// guestnet does not compile in): every value of desired is in live, and guestnet's field
+// manager owns nothing desired lacks (else an apply would remove it, e.g. a label the user
+// removed from spec.loadBalancer.labels).
+func ObjectUpToDate(desired, live *unstructured.Unstructured) bool {
+	if !Subset(desired.Object, live.Object) {
+		return false
+	}
+	owned, ok := ownedFields(live, hostnames.FieldManager)
+	if !ok {
+		return false
+	}
+	upToDate := true
+	owned.Iterate(func(p fieldpath.Path) {
+		if upToDate && !hasPath(desired.Object, p) {
+			upToDate = false
+		}
+	})
+	return upToDate
+}
+
+// ownedFields is the field set manager applied to obj; ok is false when it cannot be read.
+func ownedFields(obj metav1.Object, manager string) (*fieldpath.Set, bool) {
+	for _, e := range obj.GetManagedFields() {
+		if e.Manager != manager || e.Operation != metav1.ManagedFieldsOperationApply || e.Subresource != "" {
+			continue
+		}
+		set := &fieldpath.Set{}
+		if e.FieldsV1 == nil || set.FromJSON(bytes.NewReader(e.FieldsV1.Raw)) != nil {
+			return nil, false
+		}
+		return set, true
+	}
+	return nil, false
+}
+
+// hasPath reports whether the object holds a value at p. Only field-name paths are
+// resolved (the Cilium fields guestnet sets are maps and atomic lists); any other path
+// element counts as absent, which errs on the side of applying.
+func hasPath(obj map[string]any, p fieldpath.Path) bool {
+	var cur any = obj
+	for _, pe := range p {
+		if pe.FieldName == nil {
+			return false
+		}
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return false
+		}
+		if cur, ok = m[*pe.FieldName]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// Subset reports whether every value of want is in have: maps key by key, lists element by
+// element (same length), scalars equal.
+func Subset(want, have any) bool {
+	switch w := want.(type) {
+	case map[string]any:
+		h, ok := have.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, v := range w {
+			hv, ok := h[k]
+			if !ok || !Subset(v, hv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		h, ok := have.([]any)
+		if !ok || len(h) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !Subset(w[i], h[i]) {
+				return false
+			}
+		}
+		return true
+	default:
+		return reflect.DeepEqual(want, have)
+	}
+}

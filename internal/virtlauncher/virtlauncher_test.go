@@ -1,0 +1,25 @@
+package virtlauncher
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+)
+
+func TestWorkerSelector(t *testing.T) {
+	g := NewWithT(t)
+	// Exactly the labels CAPI/CAPK and KubeVirt guarantee on a worker's virt-launcher pod:
+	// nothing from virtualMachineTemplate.metadata.labels, nothing that differs per machine.
+	g.Expect(WorkerSelector("tenant-a")).To(Equal(map[string]string{
+		"cluster.x-k8s.io/cluster-name": "tenant-a",
+		"cluster.x-k8s.io/role":         "worker",
+		"kubevirt.io":                   "virt-launcher",
+	}))
+}
+
+func TestFormatSelector(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(FormatSelector(WorkerSelector("tenant-a"))).To(Equal(
+		"cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
+	g.Expect(FormatSelector(nil)).To(BeEmpty())
+}
