@@ -629,30 +629,17 @@ func (r *proxyStandIn) closeAll() {
 
 // accept forwards each connection to the next ready endpoint, looked up when it arrives.
 func (r *proxyStandIn) accept(pl *proxyListener) {
-	var conns sync.WaitGroup
-	defer conns.Wait()
-	for {
-		in, err := pl.l.Accept()
-		if err != nil {
-			return
+	serveForwardWith(pl.l, func(ctx context.Context) (net.Conn, error) {
+		target := r.pick(ctx, pl)
+		if target == "" {
+			return nil, errNoEndpoint
 		}
-		conns.Go(func() {
-			defer in.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			target := r.pick(ctx, pl)
-			if target == "" {
-				return
-			}
-			out, err := (&net.Dialer{}).DialContext(ctx, "tcp", target)
-			if err != nil {
-				r.log.Info("Endpoint refused", "service", pl.service, "endpoint", target, "error", err.Error())
-				return
-			}
-			defer out.Close()
-			pipe(in, out)
-		})
-	}
+		out, err := dialTCP(target)(ctx)
+		if err != nil {
+			r.log.Info("Endpoint refused", "service", pl.service, "endpoint", target, "error", err.Error())
+		}
+		return out, err
+	})
 }
 
 func (r *proxyStandIn) pick(ctx context.Context, pl *proxyListener) string {

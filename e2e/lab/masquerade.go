@@ -1,10 +1,8 @@
 package lab
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -48,8 +46,7 @@ func (n *masqueradeNAT) forward(port int32) error {
 		return fmt.Errorf("masquerade stand-in for %s: %w", n.podIP, err)
 	}
 	n.listeners[port] = l
-	target := net.JoinHostPort(n.vmAddress, strconv.Itoa(int(port)))
-	n.wg.Go(func() { serveForward(l, target) })
+	n.wg.Go(func() { serveForwardWith(l, dialTCP(net.JoinHostPort(n.vmAddress, strconv.Itoa(int(port))))) })
 	return nil
 }
 
@@ -60,43 +57,6 @@ func (n *masqueradeNAT) stop() {
 	}
 	n.mu.Unlock()
 	n.wg.Wait()
-}
-
-// serveForward copies each connection accepted on l to target, both ways, until l closes.
-func serveForward(l net.Listener, target string) {
-	var conns sync.WaitGroup
-	defer conns.Wait()
-	for {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		conns.Go(func() {
-			defer in.Close()
-			out, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", target)
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			pipe(in, out)
-		})
-	}
-}
-
-// pipe copies a to b and b to a until both directions are done.
-func pipe(a, b net.Conn) {
-	var wg sync.WaitGroup
-	copyHalf := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		if c, ok := dst.(interface{ CloseWrite() error }); ok {
-			_ = c.CloseWrite()
-		} else {
-			_ = dst.Close()
-		}
-	}
-	wg.Go(func() { copyHalf(a, b) })
-	wg.Go(func() { copyHalf(b, a) })
-	wg.Wait()
 }
 
 // vmAddress is where the lab runs what runs inside a worker VM. In KubeVirt every VM sees

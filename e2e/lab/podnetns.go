@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -151,28 +150,4 @@ func (n *podNetns) close() {
 	}
 	_ = unix.Unmount(n.path, unix.MNT_DETACH)
 	_ = os.Remove(n.path)
-}
-
-// serveForwardWith copies each connection accepted on l to a connection from dial, both
-// ways, until l closes.
-func serveForwardWith(l net.Listener, dial func(context.Context) (net.Conn, error)) {
-	var conns sync.WaitGroup
-	defer conns.Wait()
-	for {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		conns.Go(func() {
-			defer in.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			out, err := dial(ctx)
-			cancel()
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			pipe(in, out)
-		})
-	}
 }
