@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,35 +12,13 @@ import (
 
 // The end-to-end tests of this package share one lab (host + guest control planes): it takes
 // seconds to start, and every test works in namespaces of its own.
-var (
-	sharedLabOnce sync.Once
-	sharedLab     *lab.Lab
-	sharedLabErr  error
-)
+var shared = lab.Shared{DirPrefix: "guestnet-e2e"}
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if sharedLab != nil {
-		sharedLab.Stop()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { shared.Main(m) }
 
 // startLab returns the package's lab, starting it on first use. The test is skipped (or
 // failed under CI) when it does not run inside the lab's network namespace.
-func startLab(t *testing.T) *lab.Lab {
-	t.Helper()
-	lab.RequireLab(t)
-	sharedLabOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		sharedLab, sharedLabErr = lab.Start(ctx, lab.Options{})
-	})
-	if sharedLabErr != nil {
-		t.Fatalf("starting the lab: %v", sharedLabErr)
-	}
-	return sharedLab
-}
+func startLab(t *testing.T) *lab.Lab { return shared.Get(t) }
 
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -16,11 +16,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	. "github.com/onsi/gomega"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -41,42 +38,13 @@ import (
 
 // --- one lab per test binary ------------------------------------------------------------
 
-var (
-	labOnce sync.Once
-	theLab  *lab.Lab
-	labDir  string
-	labErr  error
-)
+// One lab per test binary, host control plane only.
+var shared = lab.Shared{Options: lab.Options{SkipGuest: true}, DirPrefix: "guestnet-api-validation"}
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if theLab != nil {
-		theLab.Stop()
-	}
-	if labDir != "" {
-		_ = os.RemoveAll(labDir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { shared.Main(m) }
 
-// hostLab starts the shared lab (host control plane only) on first use; it skips the test
-// outside the lab namespace (see lab.RequireLab).
-func hostLab(t *testing.T) *lab.Lab {
-	t.Helper()
-	lab.RequireLab(t)
-	labOnce.Do(func() {
-		if labDir, labErr = os.MkdirTemp("", "guestnet-api-validation-"); labErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		theLab, labErr = lab.Start(ctx, lab.Options{SkipGuest: true, Dir: labDir})
-	})
-	if labErr != nil {
-		t.Fatalf("starting the lab: %v", labErr)
-	}
-	return theLab
-}
+// hostLab returns the shared lab; it skips the test outside the lab namespace.
+func hostLab(t *testing.T) *lab.Lab { return shared.Get(t) }
 
 // testNamespace creates a namespace for one test function.
 func testNamespace(t *testing.T, c client.Client, name string) string {

@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -148,24 +147,6 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		}
 	}
 	return l, nil
-}
-
-// StartForTest starts a lab for a test and stops it when the test ends. It skips (or fails
-// under CI) when the test does not run inside the lab namespace; see RequireLab.
-func StartForTest(t testing.TB, opts Options) *Lab {
-	t.Helper()
-	RequireLab(t)
-	if opts.Dir == "" {
-		opts.Dir = t.TempDir()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	l, err := Start(ctx, opts)
-	if err != nil {
-		t.Fatalf("starting the lab: %v", err)
-	}
-	t.Cleanup(l.Stop)
-	return l
 }
 
 // Stop stops what tests started in the lab, the workers' stand-ins, both control planes and

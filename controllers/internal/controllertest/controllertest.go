@@ -13,9 +13,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -72,49 +70,14 @@ const (
 
 // --- one lab per test binary ----------------------------------------------------------------
 
-var (
-	labOnce sync.Once
-	theLab  *lab.Lab
-	labDir  string
-	labErr  error
-)
+var shared = lab.Shared{DirPrefix: "guestnet-controllers"}
 
-// Main runs the tests of a test binary and then stops its lab. Call it from TestMain. The
-// lab's directory (logs of the control planes and of every test's manager) is removed after
-// a successful run and kept, with its path printed, after a failed one.
-func Main(m *testing.M) {
-	code := m.Run()
-	if theLab != nil {
-		theLab.Stop()
-	}
-	if labDir != "" {
-		if code == 0 {
-			_ = os.RemoveAll(labDir)
-		} else {
-			fmt.Fprintf(os.Stderr, "lab logs kept in %s\n", labDir)
-		}
-	}
-	os.Exit(code)
-}
+// Main runs the tests of a test binary and then stops its lab (lab.Shared.Main). Call it
+// from TestMain.
+func Main(m *testing.M) { shared.Main(m) }
 
-// Lab returns the test binary's lab, starting it on first use. It skips the test outside
-// the lab's network namespace (see lab.RequireLab).
-func Lab(t testing.TB) *lab.Lab {
-	t.Helper()
-	lab.RequireLab(t)
-	labOnce.Do(func() {
-		if labDir, labErr = os.MkdirTemp("", "guestnet-controllers-"); labErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		theLab, labErr = lab.Start(ctx, lab.Options{Dir: labDir})
-	})
-	if labErr != nil {
-		t.Fatalf("starting the lab: %v", labErr)
-	}
-	return theLab
-}
+// Lab returns the test binary's lab, starting it on first use (lab.Shared.Get).
+func Lab(t testing.TB) *lab.Lab { return shared.Get(t) }
 
 // --- the shared tests -------------------------------------------------------------------------
 
