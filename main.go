@@ -20,6 +20,7 @@ import (
 	logsv1 "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register"
 	"k8s.io/klog/v2"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
@@ -39,6 +40,8 @@ var (
 func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(clusterv1.AddToScheme(scheme))
+	// Guest APIServices, which the GuestWebhookBridge repoints.
+	utilruntime.Must(apiregistrationv1.AddToScheme(scheme))
 	utilruntime.Must(guestnetv1.AddToScheme(scheme))
 }
 

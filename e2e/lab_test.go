@@ -1,11 +1,20 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 // The lab's masquerade stand-in behaves as KubeVirt's masquerade binding: with a ports list on
@@ -36,4 +45,133 @@ func TestLab_MasqueradeStandInForwardsOnlyDeclaredPorts(t *testing.T) {
 	g.Expect(l.RemoveWorker(ctx, forwardingAll, w2)).To(Succeed())
 	_, err = lab.Get(ctx, w2.IP, 30443)
 	g.Expect(err).To(HaveOccurred(), "a removed worker answers nothing")
+}
+
+// The Cilium stand-in is the host's kube-proxy too (Cilium replaces it): a host Service's
+// ClusterIP forwards, round robin, to the ready endpoints of its real EndpointSlices, and
+// follows them when a worker goes; a Service without endpoints is not served (refused).
+func TestLab_CiliumStandInServesHostClusterIPs(t *testing.T) {
+	g := NewWithT(t)
+	l := startLab(t)
+	ctx := testContext(t)
+	ns := uniqueName("cluster-ip")
+
+	gc, err := l.CreateGuestCluster(ctx, ns, "guest-1", lab.WorkerTemplateOptions{Ports: []int32{22, lab.WorkerServicePort}})
+	g.Expect(err).NotTo(HaveOccurred())
+	var workers []*lab.Worker
+	for i, ip := range []string{"10.244.1.43", "10.244.1.44"} {
+		w, err := l.AddWorker(ctx, gc, fmt.Sprintf("%s-md-0-%c", ns, 'a'+i), ip)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.ServeMachineName(lab.WorkerServicePort)).To(Succeed())
+		workers = append(workers, w)
+	}
+	svc, err := lab.HostServiceForWorkers(ctx, l.Host.Client, ns, "workers", virtlauncher.WorkerSelector(gc.Name))
+	g.Expect(err).NotTo(HaveOccurred())
+	nobody, err := lab.HostServiceForWorkers(ctx, l.Host.Client, ns, "nobody", map[string]string{"app": "nobody"})
+	g.Expect(err).NotTo(HaveOccurred())
+	startCiliumStandIn(t, l)
+
+	answers := func() map[string]int {
+		seen := map[string]int{}
+		for range 4 {
+			body, err := lab.Get(ctx, svc.Spec.ClusterIP, 80)
+			if err != nil {
+				body = "error"
+			}
+			seen[body]++
+		}
+		return seen
+	}
+	g.Eventually(answers).WithTimeout(30*time.Second).Should(SatisfyAll(
+		HaveKey(workers[0].Machine), HaveKey(workers[1].Machine), Not(HaveKey("error"))), "round robin over both workers")
+	g.Consistently(func() error { return dial(nobody.Spec.ClusterIP, 80) }).WithTimeout(time.Second).
+		Should(HaveOccurred(), "no endpoints: not served")
+
+	g.Expect(l.RemoveWorker(ctx, gc, workers[1])).To(Succeed())
+	g.Eventually(answers).WithTimeout(30*time.Second).Should(Equal(map[string]int{workers[0].Machine: 4}),
+		"the endpoints are looked up for each connection")
+}
+
+// The guest kube-proxy stand-in serves a guest NodePort Service in every worker VM while a
+// ready Pod matches its selector, forwarding to the Pod's IP and (named) target port; a
+// server of the VM's own on a nodePort keeps it; a Pod that is not ready, or a Node deleted,
+// closes the listeners.
+func TestLab_GuestKubeProxyStandInServesNodePorts(t *testing.T) {
+	g := NewWithT(t)
+	l := startLab(t)
+	ctx := testContext(t)
+	guest := l.Guest.Client
+	ns := uniqueName("kube-proxy")
+	const nodePort, heldNodePort, podPort = 30941, 30942, 8080
+
+	gc, err := l.CreateGuestCluster(ctx, ns, "guest-1", lab.WorkerTemplateOptions{Ports: []int32{22, nodePort, heldNodePort}})
+	g.Expect(err).NotTo(HaveOccurred())
+	a, err := l.AddWorker(ctx, gc, ns+"-md-0-a", "10.244.1.41")
+	g.Expect(err).NotTo(HaveOccurred())
+	b, err := l.AddWorker(ctx, gc, ns+"-md-0-b", "10.244.1.42")
+	g.Expect(err).NotTo(HaveOccurred())
+	// The pod runs on worker a (in the lab a guest pod's IP is its VM's address); worker b
+	// runs a server of its own on heldNodePort.
+	g.Expect(a.ServeMachineName(podPort)).To(Succeed())
+	g.Expect(b.ServeMachineName(heldNodePort)).To(Succeed())
+
+	g.Expect(guest.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{NodeName: a.Machine, Containers: []corev1.Container{{
+			Name: "web", Image: "lab.guestnet.dev/web", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: podPort}},
+		}}},
+	}
+	g.Expect(guest.Create(ctx, pod)).To(Succeed())
+	setReady := func(ready corev1.ConditionStatus) {
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: a.VMAddress, PodIPs: []corev1.PodIP{{IP: a.VMAddress}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: ready, LastTransitionTime: metav1.Now()}}}
+		g.Expect(guest.Status().Update(ctx, pod)).To(Succeed())
+	}
+	setReady(corev1.ConditionTrue)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), NodePort: nodePort},
+				{Name: "held", Port: 81, TargetPort: intstr.FromInt32(podPort), NodePort: heldNodePort},
+			},
+		},
+	}
+	g.Expect(guest.Create(ctx, svc)).To(Succeed())
+	t.Cleanup(func() { _ = guest.Delete(context.Background(), svc) })
+
+	kp, err := lab.StartGuestKubeProxyStandIn(ctx, l)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kp.Stop)
+
+	for _, w := range []*lab.Worker{a, b} {
+		g.Eventually(func() (string, error) { return lab.Get(ctx, w.IP, nodePort) }).WithTimeout(30*time.Second).
+			Should(Equal(a.Machine), "the nodePort through worker %s reaches the pod on worker a", w.Machine)
+	}
+	g.Eventually(func() (string, error) { return lab.Get(ctx, a.IP, heldNodePort) }).WithTimeout(30 * time.Second).Should(Equal(a.Machine))
+	g.Consistently(func() (string, error) { return lab.Get(ctx, b.IP, heldNodePort) }).WithTimeout(time.Second).
+		Should(Equal(b.Machine), "worker b's own server keeps its port")
+
+	setReady(corev1.ConditionFalse)
+	g.Eventually(func() error { return dial(a.VMAddress, nodePort) }).WithTimeout(30*time.Second).
+		Should(HaveOccurred(), "no ready pod: no listener")
+	setReady(corev1.ConditionTrue)
+	g.Eventually(func() (string, error) { return lab.Get(ctx, b.IP, nodePort) }).WithTimeout(30 * time.Second).Should(Equal(a.Machine))
+
+	g.Expect(guest.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: b.Machine}})).To(Succeed())
+	g.Eventually(func() error { return dial(b.VMAddress, nodePort) }).WithTimeout(30*time.Second).
+		Should(HaveOccurred(), "a deleted Node's listeners close")
+	g.Expect(lab.Get(ctx, a.IP, nodePort)).To(Equal(a.Machine))
+}
+
+// dial opens and closes a TCP connection to host:port.
+func dial(host string, port int32) error {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(int(port))), time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }

@@ -40,6 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 // thirdPartySetup is one guest cluster of the shared lab whose two workers run the
@@ -62,8 +63,25 @@ var (
 
 // thirdPartyWorkerPorts are the ports the set-up's workers declare: SSH, the kubelet, and the
 // servers' own ports, so that the tests can call the servers directly through the
-// masquerade stand-in.
-var thirdPartyWorkerPorts = []int32{22, lab.KubeletPort, lab.MetricsServerPort, lab.CertManagerWebhookPort}
+// masquerade stand-in; and the default GuestWebhookBridge nodePort range, as in a worker
+// template already rolled for the bridge (the bridge's guest NodePort Services are reached
+// through the workers' pod IPs on these ports).
+var thirdPartyWorkerPorts = append([]int32{22, lab.KubeletPort, lab.MetricsServerPort, lab.CertManagerWebhookPort},
+	portRange(bridgeNodePortFirst, bridgeNodePortCount)...)
+
+// The default GuestWebhookBridge nodePort range: 30064..30079.
+const (
+	bridgeNodePortFirst int32 = 30064
+	bridgeNodePortCount int32 = 16
+)
+
+func portRange(first, n int32) []int32 {
+	out := make([]int32, 0, n)
+	for p := first; p < first+n; p++ {
+		out = append(out, p)
+	}
+	return out
+}
 
 func startThirdParty(t *testing.T) (*lab.Lab, *thirdPartySetup) {
 	t.Helper()
@@ -100,6 +118,11 @@ func setUpThirdParty(ctx context.Context, l *lab.Lab) (*thirdPartySetup, error) 
 		}
 		s.Workers = append(s.Workers, w)
 		s.Usage[w.Machine] = usage
+	}
+	// CAPI's rollout status (no CAPI controller runs in the lab): both workers run the
+	// MachineDeployment's template.
+	if err := l.SetMachineDeploymentStatus(ctx, gc, 2, 2); err != nil {
+		return nil, err
 	}
 	if s.CertManager, err = l.InstallCertManager(ctx, s.Workers[0]); err != nil {
 		return nil, err
@@ -193,6 +216,188 @@ func TestThirdPartyLab_GuestAPIServerResolvesHostServiceNames(t *testing.T) {
 		g.Expect(createErr.Error()).To(ContainSubstring("answered on host ClusterIP for Host "+host+":8443"),
 			"the guest apiserver resolved %s to the host Service's ClusterIP and verified TLS for it", host)
 	}
+}
+
+// By hand, what a GuestWebhookBridge will build for cert-manager's webhook, to prove the data
+// path it relies on is real in the lab, every hop but the guest apiserver's DNS answer and the
+// two forwarders being the real thing:
+//
+//	guest apiserver -> https://<host-svc>.<ns>.svc:443 (host DNS stand-in -> host ClusterIP)
+//	-> host ClusterIP:443 (Cilium stand-in as kube-proxy) -> a ready endpoint of the host
+//	Service's EndpointSlice (real kube-controller-manager: the cluster's virt-launcher pods)
+//	-> worker pod IP:30078 (masquerade stand-in: declared port) -> VM address:30078 (guest
+//	kube-proxy stand-in: the guest NodePort Service) -> cert-manager-webhook pod:https (the
+//	real webhook, restarted with the host name in its certificate, as the chart value
+//	webhook.url.host does).
+//
+// Then the webhook's CA is rotated (its Secret deleted): the real webhook makes a new one, the
+// real cainjector injects it, also into a configuration in url mode, and the chain verifies
+// against the new caBundle only.
+//
+// The chart's webhook configurations are left untouched (the bridge will rewrite them; this
+// test must not). The webhook serves the chart's names alone again when the test ends; the
+// rotated CA stays (InjectedCABundle reads the current one).
+func TestThirdPartyLab_HandMadeBridgeReachesCertManagerWebhook(t *testing.T) {
+	g := NewWithT(t)
+	l, tp := startThirdParty(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	guest, host := l.Guest.Client, l.Host.Client
+	cm := tp.CertManager
+	const nodePort = bridgeNodePortFirst + 14 // 30078, in the range the workers declare
+	const timeout = 30 * time.Second
+
+	// Guest: a NodePort Service next to the chart's, same selector and target port.
+	guestSvc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: lab.CertManagerNamespace, Name: uniqueName("cert-manager-webhook-bridge")},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: cm.Service.Spec.Selector,
+			Ports:    []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("https"), NodePort: nodePort}},
+		},
+	}
+	g.Expect(guest.Create(ctx, guestSvc)).To(Succeed())
+	t.Cleanup(func() { _ = guest.Delete(context.Background(), guestSvc) })
+
+	// Host: a ClusterIP Service in the cluster's namespace selecting its workers' virt-launcher
+	// pods by the labels CAPI/CAPK guarantee, forwarding 443 to the guest nodePort.
+	ns := tp.Cluster.Namespace
+	hostSvc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: uniqueName("cm-webhook")},
+		Spec: corev1.ServiceSpec{
+			Selector: virtlauncher.WorkerSelector(tp.Cluster.Name),
+			Ports:    []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(nodePort)}},
+		},
+	}
+	g.Expect(host.Create(ctx, hostSvc)).To(Succeed())
+	t.Cleanup(func() { _ = host.Delete(context.Background(), hostSvc) })
+	hostName := hostSvc.Name + "." + ns + ".svc"
+	clusterIPAddr := net.JoinHostPort(hostSvc.Spec.ClusterIP, "443")
+	g.Expect(hostSvc.Spec.ClusterIP).To(HavePrefix("10.97."))
+
+	startCiliumStandIn(t, l)
+	kp, err := lab.StartGuestKubeProxyStandIn(ctx, l)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kp.Stop)
+
+	// The webhook serves the host Service's name too. Registered first, so it runs last: the
+	// webhook serves the chart's names alone again after the test.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := cm.SetWebhookDNSNames(ctx, l); err != nil {
+			t.Errorf("restoring the webhook's DNS names: %v", err)
+		}
+	})
+	start := time.Now()
+	g.Expect(cm.SetWebhookDNSNames(ctx, l, hostName)).To(Succeed())
+	t.Logf("webhook restarted with %v in %s", cm.WebhookDNSNames(), time.Since(start).Round(time.Millisecond))
+	caBundle, err := cm.InjectedCABundle(ctx, guest)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	// Hop by hop: the real EndpointSlice holds both workers; each worker's pod IP reaches the
+	// webhook through the masquerade and guest kube-proxy stand-ins; the ClusterIP reaches it
+	// through either worker (round robin: four connections use both).
+	g.Eventually(func() []string { return readyEndpointAddresses(t, l, ns, hostSvc.Name) }).
+		WithTimeout(timeout).Should(ConsistOf(tp.Workers[0].IP, tp.Workers[1].IP))
+	for _, w := range tp.Workers {
+		addr := net.JoinHostPort(w.IP, strconv.Itoa(int(nodePort)))
+		g.Eventually(func() error { return lab.VerifyTLS(ctx, addr, hostName, caBundle) }).
+			WithTimeout(timeout).Should(Succeed(), "the guest nodePort through worker %s", w.Machine)
+	}
+	g.Eventually(func() error { return lab.VerifyTLS(ctx, clusterIPAddr, hostName, caBundle) }).
+		WithTimeout(timeout).Should(Succeed(), "the host ClusterIP")
+	for range 4 {
+		g.Expect(lab.VerifyTLS(ctx, clusterIPAddr, hostName, caBundle)).To(Succeed())
+	}
+
+	// Through the real guest apiserver. Admission calls every mutating webhook (their
+	// configurations in name order) before any validating one, and the chart's
+	// MutatingWebhookConfiguration (service mode, no namespaceSelector) intercepts every
+	// Issuer and fails: a validating copy would never be called. The copy is therefore a
+	// MutatingWebhookConfiguration whose name sorts before the chart's, calling cert-manager's
+	// /validate in url mode (an answer without a patch is valid from a mutating webhook),
+	// limited to a fresh namespace. So:
+	//   - an invalid Issuer is denied by cert-manager's own validation, reached through the
+	//     bridged path, before the chart's webhook is called;
+	//   - a valid Issuer passes the copy, then fails on the chart's own mutating webhook,
+	//     dialing the webhook Service's guest ClusterIP as before any bridge: proof that the
+	//     copy admitted it (a denial or a failure would name the copy).
+	// The copy carries cainjector's annotation and no caBundle: the real cainjector injects it
+	// into a configuration in url mode.
+	issuerNS := uniqueName("issuers")
+	g.Expect(guest.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: issuerNS}})).To(Succeed())
+	// The guest runs no namespace controller: the empty namespace stays Terminating.
+	t.Cleanup(func() {
+		_ = guest.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: issuerNS}})
+	})
+	copyName := uniqueName("bridge-copy")
+	g.Expect(copyName < cm.MutatingWebhook.Name).To(BeTrue(), "the copy must be called before the chart's mutating webhook")
+	copyWebhook := "copy." + lab.WebhookName
+	validating := cm.ValidatingWebhook.Webhooks[0]
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        copyName,
+			Annotations: map[string]string{lab.CertManagerInjectCAFromSecretAnnotation: lab.CertManagerNamespace + "/" + lab.CertManagerWebhookCASecret},
+		},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name:                    copyWebhook,
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://" + hostName + ":443/validate")},
+			Rules:                   validating.Rules,
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: issuerNS}},
+			MatchPolicy:             validating.MatchPolicy,
+			FailurePolicy:           validating.FailurePolicy,
+			SideEffects:             validating.SideEffects,
+			TimeoutSeconds:          validating.TimeoutSeconds,
+			AdmissionReviewVersions: validating.AdmissionReviewVersions,
+		}},
+	}
+	g.Expect(guest.Create(ctx, mwc)).To(Succeed())
+	t.Cleanup(func() { _ = guest.Delete(context.Background(), mwc) })
+	copyBundle := func(g Gomega) []byte {
+		got := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		g.Expect(guest.Get(ctx, client.ObjectKeyFromObject(mwc), got)).To(Succeed())
+		g.Expect(got.Webhooks[0].ClientConfig.Service).To(BeNil())
+		return got.Webhooks[0].ClientConfig.CABundle
+	}
+	g.Eventually(copyBundle).WithTimeout(timeout).Should(Equal(caBundle), "cainjector injects into a configuration in url mode")
+
+	expectBridgedValidation := func() {
+		t.Helper()
+		var denied string
+		g.Eventually(func() string {
+			err := guest.Create(ctx, issuer(issuerNS, uniqueName("invalid"), map[string]any{}))
+			if err == nil {
+				return "created"
+			}
+			denied = err.Error()
+			return denied
+		}).WithTimeout(timeout).Should(ContainSubstring(`admission webhook "`+copyWebhook+`" denied the request`),
+			"the guest apiserver's webhook configuration cache catches up within a moment")
+		g.Expect(denied).To(ContainSubstring("at least one issuer must be configured"))
+		g.Expect(denied).NotTo(ContainSubstring("failed calling webhook"))
+		t.Logf("invalid Issuer, through the guest apiserver and the bridged path: %s", denied)
+
+		err := guest.Create(ctx, issuer(issuerNS, uniqueName("valid"), map[string]any{"selfSigned": map[string]any{}}))
+		g.Expect(err).To(HaveOccurred(), "the chart's service-mode webhook still fails")
+		g.Expect(err.Error()).To(ContainSubstring(`failed calling webhook "` + lab.WebhookName + `"`))
+		g.Expect(err.Error()).To(ContainSubstring(cm.Service.Spec.ClusterIP+":443"), "the chart's webhook, by its guest ClusterIP")
+		g.Expect(err.Error()).NotTo(ContainSubstring(copyWebhook), "the copy admitted the valid Issuer")
+	}
+	expectBridgedValidation()
+
+	// CA rotation.
+	start = time.Now()
+	oldBundle, newBundle, err := cm.RotateCA(ctx, guest)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Logf("CA rotated, new caBundle injected and served in %s", time.Since(start).Round(time.Millisecond))
+	g.Expect(oldBundle).To(Equal(caBundle))
+	g.Expect(newBundle).NotTo(Equal(oldBundle))
+	g.Expect(lab.VerifyTLS(ctx, clusterIPAddr, hostName, newBundle)).To(Succeed(), "the chain, with the new caBundle")
+	g.Expect(lab.VerifyTLS(ctx, clusterIPAddr, hostName, oldBundle)).To(MatchError(ContainSubstring("certificate signed by unknown authority")),
+		"the old caBundle no longer verifies")
+	g.Eventually(copyBundle).WithTimeout(timeout).Should(Equal(newBundle), "cainjector injects the new CA in url mode too")
+	expectBridgedValidation()
 }
 
 // Before any bridge, creating a cert-manager ClusterIssuer through the guest apiserver fails:
@@ -356,6 +561,14 @@ func TestThirdParty_NothingListensOnWildcardAddresses(t *testing.T) {
 		}
 	}
 	g.Expect(wildcard).To(BeEmpty())
+}
+
+// issuer is a cert-manager Issuer in namespace ns with the given spec.
+func issuer(ns, name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "cert-manager.io/v1", "kind": "Issuer",
+		"metadata": map[string]any{"namespace": ns, "name": name}, "spec": spec,
+	}}
 }
 
 // clusterIssuer is a cert-manager ClusterIssuer with the given spec.

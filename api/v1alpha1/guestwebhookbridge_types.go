@@ -19,18 +19,44 @@ const (
 	TargetsReachableCondition = "TargetsReachable"
 )
 
-// GuestWebhookBridge condition reasons.
+// GuestWebhookBridge condition reasons (GuestServiceNotFound, NodePortConflict and
+// HostObjectConflict are shared with GuestIngress).
 const (
+	// TargetsBridgedReason: every selected target is bridged, or left alone for a reason
+	// its status entry gives.
+	TargetsBridgedReason = "TargetsBridged"
+	// TargetsReachableReason: every bridged target answers from the host network with a
+	// certificate that verifies for the name the guest apiserver dials.
+	TargetsReachableReason = "TargetsReachable"
+	// NoTargetsReason: the selection matches no guest object yet.
+	NoTargetsReason = "NoTargets"
 	// TargetNotFoundReason: a target named in the spec does not exist (yet); guestnet waits.
 	TargetNotFoundReason = "TargetNotFound"
 	// TargetClaimedReason: another GuestWebhookBridge already bridges the target.
 	TargetClaimedReason = "TargetClaimed"
-	// NodePortRangeExhaustedReason: the range has fewer free nodePorts than targets.
+	// TargetNotBridgeableReason: the target's Service cannot be bridged as it is (no
+	// selector, no such port); the message says why.
+	TargetNotBridgeableReason = "TargetNotBridgeable"
+	// NodePortRangeExhaustedReason: the range has fewer free nodePorts than target Service ports.
 	NodePortRangeExhaustedReason = "NodePortRangeExhausted"
 	// TLSNameMismatchReason: the target's certificate lacks the name the guest apiserver dials.
 	TLSNameMismatchReason = "TLSNameMismatch"
+	// TLSUnverifiedReason: the target's certificate does not verify against its caBundle.
+	TLSUnverifiedReason = "TLSUnverified"
 	// EndpointUnreachableReason: the bridged endpoint does not answer from the host network.
 	EndpointUnreachableReason = "EndpointUnreachable"
+	// WaitingForAvailabilityReason: mode Auto waits for the aggregator's first verdict on an
+	// APIService before deciding whether it needs the bridge.
+	WaitingForAvailabilityReason = "WaitingForAvailability"
+)
+
+// Marks guestnet puts on the guest objects it changes.
+const (
+	// BridgeOriginalAnnotation, on a guest APIService or webhook configuration, holds what a
+	// GuestWebhookBridge replaced there: which bridge (<namespace>/<name> in the host) and the
+	// original service reference of each target, written in the same update as the rewrite.
+	// Deleting the bridge, or dropping the target from it, puts the originals back from it.
+	BridgeOriginalAnnotation = "guestnet.addons.cluster.x-k8s.io/bridge-original"
 )
 
 // BridgeMode says when a target is rewritten.
@@ -83,9 +109,11 @@ type GuestWebhookBridgeSpec struct {
 	MutatingWebhooks *TargetSelector `json:"mutatingWebhooks,omitempty"`
 
 	// nodePortRange is the small fixed range of guest nodePorts the bridge uses, declared once
-	// on the worker VMs so bridging one more target does not roll the workers.
+	// on the worker VMs so bridging one more target does not roll the workers. The default,
+	// 30064-30079, lies in the lower band of the default nodePort range (30000-30085), which
+	// the apiserver keeps for fixed nodePorts and assigns automatic ones from last.
 	// +optional
-	// +kubebuilder:default={start: 32700, size: 16}
+	// +kubebuilder:default={start: 30064, size: 16}
 	NodePortRange NodePortRange `json:"nodePortRange,omitzero"` // omitzero: omitempty never omits a struct, so Go clients sent {start: 0, size: 0} and were rejected instead of defaulted
 
 	// mode: Auto leaves alone targets the guest apiserver already reaches; Always bridges all.

@@ -320,7 +320,7 @@ func TestValidationGuestWebhookBridgeDefaults(t *testing.T) {
 		g.Expect(c.Create(ctx, obj, client.FieldValidation("Strict"))).To(Succeed())
 		gwb := &guestnetv1.GuestWebhookBridge{}
 		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(obj), gwb)).To(Succeed())
-		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 32700, Size: 16}))
+		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 30064, Size: 16}))
 		g.Expect(gwb.Spec.Mode).To(Equal(guestnetv1.BridgeModeAuto))
 	})
 
@@ -336,7 +336,7 @@ func TestValidationGuestWebhookBridgeDefaults(t *testing.T) {
 			},
 		}
 		g.Expect(c.Create(ctx, gwb)).To(Succeed())
-		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 32700, Size: 16}))
+		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 30064, Size: 16}))
 		g.Expect(gwb.Spec.Mode).To(Equal(guestnetv1.BridgeModeAuto))
 	})
 

@@ -11,9 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -27,6 +25,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
 
 // readyConditions are the conditions Ready summarises: Ready is True only when the whole
@@ -156,19 +155,19 @@ func (r *Reconciler) reconcileGuestService(ctx context.Context, s *scope) error 
 	}
 
 	desired := ingress.GuestService(gi, live)
-	upToDate, err := ingress.ServiceUpToDate(desired, live)
+	upToDate, err := ssa.ServiceUpToDate(desired, live)
 	if err != nil {
 		return err
 	}
 	if !upToDate {
-		applied, err := applyService(ctx, s.guestClient, desired)
+		applied, err := ssa.ApplyService(ctx, s.guestClient, desired)
 		switch {
-		case isNodePortAllocated(err):
+		case ssa.IsNodePortAllocated(err):
 			holders, listErr := r.nodePortHolders(ctx, s)
 			if listErr != nil {
 				return listErr
 			}
-			ingress.SetNodePortConflict(gi, holders, apiErrorMessage(err))
+			ingress.SetNodePortConflict(gi, holders, ssa.APIErrorMessage(err))
 			s.keepNodePorts()
 			return nil
 		case apierrors.IsInvalid(err):
@@ -215,39 +214,6 @@ func (r *Reconciler) nodePortHolders(ctx context.Context, s *scope) ([]string, e
 		return nil, fmt.Errorf("listing Services in the guest: %w", err)
 	}
 	return ingress.NodePortHolders(s.guestIngress, list.Items), nil
-}
-
-// isNodePortAllocated recognises the apiserver's refusal of a nodePort another Service holds.
-func isNodePortAllocated(err error) bool {
-	return apierrors.IsInvalid(err) && strings.Contains(err.Error(), "provided port is already allocated")
-}
-
-// apiErrorMessage is the apiserver's message of a status error (its causes for Invalid).
-func apiErrorMessage(err error) string {
-	var status apierrors.APIStatus
-	if errors.As(err, &status) && status.Status().Details != nil && len(status.Status().Details.Causes) > 0 {
-		var parts []string
-		for _, c := range status.Status().Details.Causes {
-			parts = append(parts, fmt.Sprintf("%s: %s", c.Field, c.Message))
-		}
-		return strings.Join(parts, "; ")
-	}
-	return err.Error()
-}
-
-// applyService server-side applies desired as guestnet (forcing only the fields it lists)
-// and returns the Service the apiserver answered with.
-func applyService(ctx context.Context, c client.Client, desired *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
-	ac := *desired // the client writes the response into the configuration
-	if err := c.Apply(ctx, &ac, client.FieldOwner(hostnames.FieldManager), client.ForceOwnership); err != nil {
-		return nil, err
-	}
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&ac)
-	if err != nil {
-		return nil, err
-	}
-	svc := &corev1.Service{}
-	return svc, runtime.DefaultUnstructuredConverter.FromUnstructured(u, svc)
 }
 
 // --- host side ----------------------------------------------------------------------------
@@ -368,12 +334,12 @@ func (r *Reconciler) reconcileHostService(ctx context.Context, s *scope) (*corev
 			}
 			return nil, false, nil // the deletion event brings the object back to create it anew
 		}
-		upToDate, err := ingress.ServiceUpToDate(desired, svc)
+		upToDate, err := ssa.ServiceUpToDate(desired, svc)
 		if err != nil || upToDate {
 			return svc, false, err
 		}
 	}
-	applied, err := applyService(ctx, r.Client, desired)
+	applied, err := ssa.ApplyService(ctx, r.Client, desired)
 	if err != nil {
 		return nil, false, fmt.Errorf("applying host Service %s/%s: %w", gi.Namespace, name, err)
 	}
@@ -503,10 +469,10 @@ func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope) (bool, e
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	}
 	release := ingress.Release(live)
-	if upToDate, err := ingress.ServiceUpToDate(release, live); err != nil || upToDate {
+	if upToDate, err := ssa.ServiceUpToDate(release, live); err != nil || upToDate {
 		return err == nil, err
 	}
-	if _, err := applyService(ctx, guestClient, release); err != nil {
+	if _, err := ssa.ApplyService(ctx, guestClient, release); err != nil {
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -21,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -28,6 +31,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 )
 
@@ -38,6 +42,11 @@ const controllerName = "guestwebhookbridge"
 type Reconciler struct {
 	Client client.Client
 
+	// APIReader reads from the host apiserver directly, to find a host Service of someone
+	// else's where the bridge would create one (the manager's cache holds only guestnet's).
+	// The manager's API reader when nil.
+	APIReader client.Reader
+
 	// ClusterCache gives access to the guest cluster through its <cluster>-kubeconfig Secret.
 	ClusterCache clustercache.ClusterCache
 
@@ -45,7 +54,12 @@ type Reconciler struct {
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
 
-	recorder events.EventRecorder
+	// Probe checks a bridged target from the host network; bridge.Probe when nil (unit tests
+	// replace it).
+	Probe func(ctx context.Context, addr, serverName string, caBundle []byte, insecure bool) bridge.ProbeResult
+
+	recorder   events.EventRecorder
+	controller controller.Controller
 }
 
 // scope is what one reconcile of a GuestWebhookBridge works with.
@@ -55,46 +69,97 @@ type scope struct {
 	cluster *clusterv1.Cluster
 	// guestClient talks to the guest apiserver; set once ClusterAvailable is True.
 	guestClient client.Client
+	// observed is what the guest held when the plan was made.
+	observed bridge.Observed
+	// hostServices are the bridge's live host Services by name, after the host phase.
+	hostServices map[string]*corev1.Service
+	// keepHost (host Service names) and keepGuest ("<namespace>/<name>") are the bridge's
+	// Services in use; the others are deleted at the end of the reconcile.
+	keepHost, keepGuest map[string]bool
 	// paused is true when CAPI pause applies: then only the Paused condition is written.
 	paused bool
 }
 
 // SetupWithManager registers the controller. Besides GuestWebhookBridge itself it watches
-// Clusters (pause, provisioning, creation and deletion change what a bridge reports) and the
-// ClusterCache's connect/disconnect events, so that nothing waits for a resync.
+// Clusters (pause, provisioning, creation and deletion change what a bridge reports), the
+// ClusterCache's connect/disconnect events, the MachineDeployments (PortsDeclared), its host
+// Services and their EndpointSlices (workers come and go), and, through the ClusterCache, the
+// guest's APIServices, webhook configurations and Services (see watchGuest): a Helm revert
+// is repaired at once, nothing waits for a resync.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.ClusterCache == nil {
 		return errors.New("guestwebhookbridge: Client and ClusterCache must not be nil")
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestWebhookBridge{}); err != nil {
 		return err
 	}
 
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
+	filter := predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)
 	clusterToBridges := clusterscope.ClusterToObjects(mgr.GetClient(),
 		func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
 	machineDeploymentToBridges := clusterscope.MachineDeploymentToObjects(mgr.GetClient(),
 		func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
 
-	err := ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
 		// Paused objects are not filtered out: their Paused condition must still be reported.
-		For(&guestnetv1.GuestWebhookBridge{}).
+		For(&guestnetv1.GuestWebhookBridge{}, builder.WithPredicates(filter)).
 		Watches(&clusterv1.Cluster{},
 			handler.EnqueueRequestsFromMapFunc(clusterToBridges),
-			builder.WithPredicates(clusterscope.ClusterChanged()),
+			builder.WithPredicates(clusterscope.ClusterChanged(), filter),
 		).
 		// A rollout of the workers changes PortsDeclared.
-		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToBridges)).
+		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToBridges),
+			builder.WithPredicates(filter)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToBridges)).
-		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)).
+		Owns(&corev1.Service{}).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToBridge)).
 		WithOptions(options).
-		Complete(r)
+		Build(r)
 	if err != nil {
 		return err
 	}
+	r.controller = c
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
 	return nil
+}
+
+// clusterToBridges maps a guest object of the Cluster key to the Cluster's bridges.
+func (r *Reconciler) clusterToBridges(key client.ObjectKey) handler.MapFunc {
+	return func(ctx context.Context, _ client.Object) []reconcile.Request {
+		list := &guestnetv1.GuestWebhookBridgeList{}
+		if err := r.Client.List(ctx, list, client.InNamespace(key.Namespace),
+			client.MatchingFields{clusterscope.ClusterNameField: key.Name}); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestWebhookBridges of Cluster", "Cluster", key)
+			return nil
+		}
+		requests := make([]reconcile.Request, 0, len(list.Items))
+		for i := range list.Items {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+		return requests
+	}
+}
+
+// endpointSliceToBridge maps an EndpointSlice of a host Service of a bridge to the bridge.
+func (r *Reconciler) endpointSliceToBridge(ctx context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil
+	}
+	svc := &corev1.Service{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: name}, svc); err != nil {
+		return nil
+	}
+	ref := metav1.GetControllerOfNoCopy(svc)
+	if ref == nil || ref.Kind != "GuestWebhookBridge" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: svc.Namespace, Name: ref.Name}}}
 }
 
 // Own objects: read them, write status, hold the finalizer until the originals are restored.
@@ -105,14 +170,18 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // The <cluster>-kubeconfig Secret the ClusterCache connects to the guest apiserver with.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
-// One host ClusterIP Service per target, selecting the worker virt-launcher pods; its DNS name is what the guest apiserver dials.
+// One host ClusterIP Service per bridged guest Service, selecting the worker virt-launcher pods; its DNS name is what the guest apiserver dials.
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
-// Its EndpointSlices: a bridge without ready endpoints cannot be reachable.
+// Its EndpointSlices: a bridge without ready endpoints cannot be reachable (probed again when they change).
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // PortsDeclared: the worker MachineDeployments and their templates are read (the
 // workerports controller is the one that writes them).
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch
+// In the guest, guestnet acts with the identity of the <cluster>-kubeconfig Secret: it reads
+// APIServices, webhook configurations, Services and konnectivity agent pods, updates the
+// selected APIServices and webhook configurations, and creates its NodePort and ExternalName
+// Services; no host RBAC is involved.
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

@@ -8,6 +8,9 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -78,7 +81,9 @@ func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 		Finalizers:        []string{guestnetv1.GuestWebhookBridgeFinalizer, "someone.else/finalizer"},
 	}}
 
-	_, err := (&Reconciler{}).reconcileDelete(context.Background(), &scope{bridge: bridge})
+	// Without a Cluster there is no guest to restore anything in: only host Services go.
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
+	_, err := (&Reconciler{Client: c}).reconcileDelete(context.Background(), &scope{bridge: bridge})
 
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(bridge.Finalizers).To(Equal([]string{"someone.else/finalizer"}))

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -19,7 +18,6 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
 
 // The load-balancer IP of the demo, in the lab's "physical" range (lab.LoadBalancerCIDR).
@@ -42,40 +40,14 @@ spec:
       interfaces: ["^eth0$"]
 `
 
-// guestIngressTour starts guestnet (and the Cilium stand-in that plays LB-IPAM, L2
-// announcement and kube-proxy in the lab), applies a GuestIngress and follows a request from
-// the load-balancer IP to Envoy in the guest.
+// guestIngressTour applies a GuestIngress and follows a request from the load-balancer IP to
+// Envoy in the guest (guestnet and the Cilium stand-in run already).
 func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest kubectlFunc) error {
-	section("guestnet: start the manager, and the Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy: no Cilium runs in the lab)")
-	standIn, err := lab.StartCiliumStandIn(ctx, l)
-	if err != nil {
-		return err
-	}
-	defer standIn.Stop()
-	logPath := filepath.Join(l.Dir, "manager-demo.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
-	_, stopManager, err := lab.RunManager(ctx, l, manager.Options{}, manager.SetupReconcilers, logger)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = stopManager() }()
-	fmt.Printf("manager log: %s\n", logPath)
-
 	section("Guest: Contour's Envoy Service (ClusterIP, ports 80/443); an Envoy stand-in in every worker VM answers with its machine name")
 	if err := createContour(ctx, l, s.workers); err != nil {
 		return err
 	}
 	guest("get", "service", "-n", "projectcontour", "envoy")
-
-	// CAPI reports the workers' MachineDeployment as rolled out (no CAPI controller runs in the lab).
-	if err := l.SetMachineDeploymentStatus(ctx, s.cluster, 2, 2); err != nil {
-		return err
-	}
 
 	section("Host: apply a GuestIngress (one physical IP for the guest's ingress controller)")
 	path := filepath.Join(l.Dir, "guestingress.yaml")

@@ -12,16 +12,19 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2/textlogger"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -72,17 +75,40 @@ func run(hold bool, dir string) error {
 	guest := kubectl(l, l.Guest)
 	guest("get", "nodes", "-o", "wide")
 
-	section("Guest: `kubectl top` fails: the metrics APIService is dialed at a guest ClusterIP the host network cannot reach")
-	guest("get", "apiservice", s.metrics.APIService.Name)
-	guest("get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
+	section("Guest: `kubectl top` fails: metrics-server's APIService is dialed at a guest ClusterIP the host network cannot reach")
+	guest("get", "apiservice", lab.MetricsAPIServiceName)
+	guest("top", "nodes")
 
-	section("Guest: every request a Service-referencing webhook intercepts fails (cert-manager's webhook here)")
-	guest("create", "configmap", "demo", "-n", "apps", "--from-literal=k=v")
+	section("Guest: every request a Service-referencing webhook intercepts fails (cert-manager's real webhook here)")
+	guest("create", "-f", s.clusterIssuer)
 
 	section("Summary")
-	fmt.Println("These are the failures guestnet exists to fix: GuestIngress gives the workers a host Service that selects them,")
-	fmt.Println("GuestWebhookBridge repoints the webhook and the APIService at endpoints the guest control plane can reach.")
+	fmt.Println("These are the failures guestnet exists to fix: GuestWebhookBridge repoints the webhooks and the APIService at")
+	fmt.Println("endpoints the guest control plane can reach; GuestIngress gives the workers a host Service that selects them.")
 
+	section("guestnet: start the manager, and the Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy: no Cilium runs in the lab)")
+	standIn, err := lab.StartCiliumStandIn(ctx, l)
+	if err != nil {
+		return err
+	}
+	defer standIn.Stop()
+	logPath := filepath.Join(l.Dir, "manager-demo.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
+	_, stopManager, err := lab.RunManager(ctx, l, manager.Options{}, manager.SetupReconcilers, logger)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopManager() }()
+	fmt.Printf("manager log: %s\n", logPath)
+
+	if err := webhookBridgeTour(ctx, l, s, host, guest); err != nil {
+		return err
+	}
 	if err := guestIngressTour(ctx, l, s, host, guest); err != nil {
 		return err
 	}
@@ -98,16 +124,31 @@ func run(hold bool, dir string) error {
 }
 
 type scenario struct {
-	cluster *lab.GuestCluster
-	workers []*lab.Worker
-	metrics *lab.MetricsAPI
-	webhook *lab.ServiceWebhook
+	cluster       *lab.GuestCluster
+	workers       []*lab.Worker
+	certManager   *lab.CertManager
+	clusterIssuer string // path of a ClusterIssuer manifest
 }
 
-// setUpFieldReport builds the guest cluster as the field report found it, then waits until
-// the host's controller manager and the guest's aggregator have reacted.
+// bridgeNodePorts is the GuestWebhookBridge's default nodePort range (30064-30079). The
+// demo's worker template declares it already, as the ClusterClass in templates/ does from
+// its guestnet variable: the servers below run in the workers' VMs, and rolling the workers
+// would take them away with the VMs.
+func bridgeNodePorts() []int32 {
+	var out []int32
+	for p := int32(30064); p < 30080; p++ {
+		out = append(out, p)
+	}
+	return out
+}
+
+// setUpFieldReport builds the guest cluster as the field report found it: two workers
+// running the real cert-manager webhook (and cainjector) and the real metrics-server, a host
+// Service selecting the workers by the wrong labels; then waits until the host's controller
+// manager and the guest's aggregator have reacted.
 func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
-	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: []int32{22, 10250, lab.WorkerServicePort}})
+	ports := append([]int32{22, 10250, lab.WorkerServicePort}, bridgeNodePorts()...)
+	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: ports})
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +158,18 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 		if err != nil {
 			return nil, err
 		}
+		usage := lab.KubeletUsage{CPUCores: 0.25 * float64(i+1), MemoryBytes: (1536 + 512*int64(i)) << 20}
+		if i == 1 {
+			usage.Pods = []lab.PodUsage{lab.MetricsServerPodUsage(0.05, 40<<20)}
+		}
+		if err := w.ServeKubeletStandIn(usage); err != nil {
+			return nil, err
+		}
 		workers = append(workers, w)
+	}
+	// CAPI reports the workers' MachineDeployment as rolled out (no CAPI controller runs in the lab).
+	if err := l.SetMachineDeploymentStatus(ctx, gc, 2, 2); err != nil {
+		return nil, err
 	}
 	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate}); err != nil {
 		return nil, err
@@ -125,17 +177,21 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-capi-labels", virtlauncher.WorkerSelector(gc.Name)); err != nil {
 		return nil, err
 	}
-	metrics, err := lab.CreateMetricsAPI(ctx, l.Guest.Client, "kube-system", "metrics.k8s.io")
+	fmt.Println("installing cert-manager v1.11.5 (webhook, cainjector) and metrics-server v0.8.0 in the guest, on the worker VMs ...")
+	cm, err := l.InstallCertManager(ctx, workers[0])
 	if err != nil {
 		return nil, err
 	}
-	webhook, err := lab.CreateServiceWebhook(ctx, l.Guest.Client, l.Guest.CA.CertPEM(), "cert-manager", "apps")
-	if err != nil {
+	if _, err := l.InstallMetricsServer(ctx, workers[1]); err != nil {
+		return nil, err
+	}
+	clusterIssuer := filepath.Join(l.Dir, "clusterissuer.yaml")
+	if err := os.WriteFile(clusterIssuer, []byte(clusterIssuerYAML), 0o600); err != nil {
 		return nil, err
 	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		got := &apiregistrationv1.APIService{}
-		if err := l.Guest.Client.Get(ctx, client.ObjectKeyFromObject(metrics.APIService), got); err != nil {
+		if err := l.Guest.Client.Get(ctx, client.ObjectKey{Name: lab.MetricsAPIServiceName}, got); err != nil {
 			return false, err
 		}
 		for _, c := range got.Status.Conditions {
@@ -158,10 +214,16 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the host controller manager: %w", err)
 	}
-	// Webhook configurations reach the apiserver's admission cache within a second.
-	time.Sleep(time.Second)
-	return &scenario{cluster: gc, workers: workers, metrics: metrics, webhook: webhook}, nil
+	return &scenario{cluster: gc, workers: workers, certManager: cm, clusterIssuer: clusterIssuer}, nil
 }
+
+const clusterIssuerYAML = `apiVersion: cert-manager.io/v1
+kind: ClusterIssuer
+metadata:
+  name: selfsigned
+spec:
+  selfSigned: {}
+`
 
 // kubectl returns a function that prints and runs a kubectl command against one cluster.
 func kubectl(l *lab.Lab, cluster *lab.Cluster) kubectlFunc {

@@ -35,7 +35,8 @@ import (
 )
 
 // The Cilium stand-in does, in the lab's host cluster, what Cilium does there in production
-// for a LoadBalancer Service; no Cilium runs in the lab. It is written from Cilium's
+// for Services: Cilium replaces kube-proxy on the host, so the stand-in is the lab's host
+// kube-proxy too; no Cilium runs in the lab. It is written from Cilium's and kube-proxy's
 // documented behaviour, independently of guestnet's code (sharing guestnet's selector
 // matching would hide guestnet's mistakes):
 //
@@ -53,6 +54,14 @@ import (
 //     random; round robin lets a test see every endpoint). With no ready endpoint it does not
 //     listen, so connections are refused, as with kube-proxy. Only IPs in LoadBalancerCIDR are
 //     bound (local in the lab namespace); interfaces regexes are not evaluated (the lab has lo).
+//   - kube-proxy stand-in for ClusterIPs: for every host Service (any type) whose ClusterIP is
+//     in HostServiceCIDR (local in the lab namespace) and that has a ready endpoint, it listens
+//     on ClusterIP:port for each TCP port and forwards exactly as for load-balancer IPs (round
+//     robin over the ready endpoints, looked up for each connection, the target port being
+//     the EndpointSlice port of the Service port's name). A Service without ready endpoints
+//     (no selector and no hand-written EndpointSlice, or a selector that selects nothing) is
+//     not served: connections are refused, and a test may serve on its ClusterIP itself.
+//     Headless and ExternalName Services have no ClusterIP. The L2 policies play no part.
 
 // Cilium names the stand-in honours.
 var (
@@ -71,8 +80,8 @@ const (
 	standInFieldOwner          = "cilium-stand-in"
 )
 
-// CiliumStandIn is a running Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy) for the
-// lab's host cluster.
+// CiliumStandIn is a running Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy for
+// load-balancer IPs and ClusterIPs) for the lab's host cluster.
 type CiliumStandIn struct {
 	cancel context.CancelFunc
 	done   chan error
@@ -93,6 +102,7 @@ func StartCiliumStandIn(ctx context.Context, l *Lab) (_ *CiliumStandIn, err erro
 		}
 	}()
 	logger := fileLogger(logFile)
+	setGlobalLoggerOnce(l.Dir) // else controller-runtime complains on stderr
 	cfg := rest.CopyConfig(l.Host.Config)
 	cfg.UserAgent = standInFieldOwner
 	cfg.QPS, cfg.Burst = 100, 200
@@ -127,7 +137,7 @@ func StartCiliumStandIn(ctx context.Context, l *Lab) (_ *CiliumStandIn, err erro
 		return nil, err
 	}
 	proxy := &proxyStandIn{c: c, log: logger, listeners: map[string]*proxyListener{}, byService: map[types.NamespacedName][]string{}, next: map[types.NamespacedName]int{}}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("l2-proxy-stand-in").
+	if err := ctrl.NewControllerManagedBy(mgr).Named("l2-kube-proxy-stand-in").
 		For(&corev1.Service{}).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
@@ -449,7 +459,7 @@ func firstFree(pools []labPool, used map[netip.Addr]bool) netip.Addr {
 	return netip.Addr{}
 }
 
-// --- L2 announcement + kube-proxy stand-in ------------------------------------------------
+// --- L2 announcement + kube-proxy stand-in (load-balancer IPs and ClusterIPs) ---------------
 
 type proxyStandIn struct {
 	c   client.Client
@@ -477,20 +487,28 @@ func (r *proxyStandIn) Reconcile(ctx context.Context, req reconcile.Request) (re
 	case err != nil:
 		return reconcile.Result{}, err
 	default:
+		var ips []netip.Addr
+		if ip, err := netip.ParseAddr(svc.Spec.ClusterIP); err == nil && netip.MustParsePrefix(HostServiceCIDR).Contains(ip) {
+			ips = append(ips, ip) // kube-proxy stand-in
+		}
 		announced, err := r.announced(ctx, svc)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		ip, _ := netip.ParseAddr(firstIngressIP(svc))
-		if announced && ip.IsValid() && netip.MustParsePrefix(LoadBalancerCIDR).Contains(ip) {
+		if ip, _ := netip.ParseAddr(firstIngressIP(svc)); announced && ip.IsValid() && netip.MustParsePrefix(LoadBalancerCIDR).Contains(ip) {
+			ips = append(ips, ip) // L2 announcement stand-in
+		}
+		if len(ips) > 0 {
 			eps, err := r.readyEndpoints(ctx, svc, 0)
 			if err != nil {
 				return reconcile.Result{}, err
 			}
 			if len(eps) > 0 {
-				for _, p := range svc.Spec.Ports {
-					if p.Protocol == "" || p.Protocol == corev1.ProtocolTCP {
-						want = append(want, net.JoinHostPort(ip.String(), strconv.Itoa(int(p.Port))))
+				for _, ip := range ips {
+					for _, p := range svc.Spec.Ports {
+						if p.Protocol == "" || p.Protocol == corev1.ProtocolTCP {
+							want = append(want, net.JoinHostPort(ip.String(), strconv.Itoa(int(p.Port))))
+						}
 					}
 				}
 			}
@@ -571,8 +589,8 @@ func (r *proxyStandIn) serve(key types.NamespacedName, want []string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, addr := range r.byService[key] {
-		if !slices.Contains(want, addr) {
-			r.closeLocked(addr)
+		if pl, ok := r.listeners[addr]; ok && pl.service == key && !slices.Contains(want, addr) {
+			r.closeLocked(addr) // not when the address has moved to another Service since
 		}
 	}
 	var errs []error
@@ -596,7 +614,7 @@ func (r *proxyStandIn) serve(key types.NamespacedName, want []string) error {
 		r.listeners[addr] = pl
 		pl.wg.Go(func() { r.accept(pl) })
 		serving = append(serving, addr)
-		r.log.Info("Announcing and forwarding", "address", addr, "service", key)
+		r.log.Info("Forwarding", "address", addr, "service", key)
 	}
 	r.byService[key] = serving
 	if len(errs) > 0 {
@@ -609,7 +627,7 @@ func (r *proxyStandIn) closeLocked(addr string) {
 	if pl, ok := r.listeners[addr]; ok {
 		_ = pl.l.Close()
 		delete(r.listeners, addr)
-		r.log.Info("Stopped announcing", "address", addr, "service", pl.service)
+		r.log.Info("Stopped forwarding", "address", addr, "service", pl.service)
 	}
 }
 

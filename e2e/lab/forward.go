@@ -13,16 +13,40 @@ import (
 // connections the same way: accept, dial the other side, copy both ways.
 
 // serveForwardWith copies each connection accepted on l to a connection from dial, both
-// ways, until l closes.
+// ways, until l closes; then it closes the connections still open (the stand-in is gone, and
+// so is the path: a client holding a keep-alive connection must not keep it alive) and
+// returns once they are done.
 func serveForwardWith(l net.Listener, dial func(context.Context) (net.Conn, error)) {
-	var conns sync.WaitGroup
-	defer conns.Wait()
+	var (
+		conns sync.WaitGroup
+		mu    sync.Mutex
+		open  = map[net.Conn]bool{}
+	)
+	track := func(c net.Conn, add bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if add {
+			open[c] = true
+		} else {
+			delete(open, c)
+		}
+	}
+	defer func() {
+		mu.Lock()
+		for c := range open {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	}()
 	for {
 		in, err := l.Accept()
 		if err != nil {
 			return
 		}
+		track(in, true)
 		conns.Go(func() {
+			defer track(in, false)
 			defer in.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			out, err := dial(ctx)
@@ -30,6 +54,8 @@ func serveForwardWith(l net.Listener, dial func(context.Context) (net.Conn, erro
 			if err != nil {
 				return
 			}
+			track(out, true)
+			defer track(out, false)
 			defer out.Close()
 			pipe(in, out)
 		})

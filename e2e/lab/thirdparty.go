@@ -14,6 +14,7 @@ package lab
 // v1beta1.metrics.k8s.io APIService): install each at most once per lab.
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -24,8 +25,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -79,6 +82,12 @@ const (
 	MetricsServerPodName = "metrics-server-5dd7b49d79-lab01"
 )
 
+// CertManagerChartDNSNames are the webhook's --dynamic-serving-dns-names as the chart sets
+// them: the webhook Service's names.
+var CertManagerChartDNSNames = []string{
+	CertManagerWebhookName, CertManagerWebhookName + "." + CertManagerNamespace, CertManagerWebhookServerName,
+}
+
 // CertManager is cert-manager's webhook and cainjector running in the lab's guest.
 type CertManager struct {
 	// Worker is the worker VM the webhook's pod runs on (its port is published on the
@@ -88,6 +97,18 @@ type CertManager struct {
 	Service           *corev1.Service
 	ValidatingWebhook *admissionregistrationv1.ValidatingWebhookConfiguration
 	MutatingWebhook   *admissionregistrationv1.MutatingWebhookConfiguration
+
+	// What (re)starting the webhook takes (see startWebhook).
+	dir        string // the lab's thirdparty directory: logs, kubeconfigs
+	bin        string // the cert-manager-webhook binary
+	kubeconfig string // the webhook ServiceAccount's kubeconfig
+	netns      *podNetns
+	cainjector *process
+
+	mu       sync.Mutex // serializes restarts; guards what follows
+	webhook  *process
+	dnsNames []string // the running webhook's --dynamic-serving-dns-names
+	starts   int
 }
 
 // InstallCertManager installs cert-manager in the guest as its chart does (CRDs, namespace,
@@ -129,7 +150,7 @@ func (l *Lab) InstallCertManager(ctx context.Context, w *Worker) (*CertManager, 
 		"app.kubernetes.io/component": "webhook", "app.kubernetes.io/version": "v1.11.5",
 	}
 	selector := map[string]string{"app.kubernetes.io/name": "webhook", "app.kubernetes.io/instance": "cert-manager", "app.kubernetes.io/component": "webhook"}
-	cm := &CertManager{Worker: w}
+	cm := &CertManager{Worker: w, dir: dir, bin: tp.CertManagerWebhook}
 	cm.Service = &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: CertManagerNamespace, Name: CertManagerWebhookName, Labels: webhookLabels},
 		Spec: corev1.ServiceSpec{
@@ -156,8 +177,7 @@ func (l *Lab) InstallCertManager(ctx context.Context, w *Worker) (*CertManager, 
 		return nil, fmt.Errorf("creating the MutatingWebhookConfiguration: %w", err)
 	}
 
-	webhookKubeconfig, err := l.serviceAccountKubeconfig(ctx, dir, CertManagerNamespace, CertManagerWebhookName)
-	if err != nil {
+	if cm.kubeconfig, err = l.serviceAccountKubeconfig(ctx, dir, CertManagerNamespace, CertManagerWebhookName); err != nil {
 		return nil, err
 	}
 	cainjectorKubeconfig, err := l.serviceAccountKubeconfig(ctx, dir, CertManagerNamespace, CertManagerCAInjectorName)
@@ -166,63 +186,169 @@ func (l *Lab) InstallCertManager(ctx context.Context, w *Worker) (*CertManager, 
 	}
 
 	// cainjector first: it must be watching when the webhook creates its CA Secret.
-	cainjector, err := startProcess(dir, "cert-manager-cainjector", tp.CertManagerCAInjector,
+	if cm.cainjector, err = startProcess(dir, "cert-manager-cainjector", tp.CertManagerCAInjector,
 		"--v=2",
 		"--kubeconfig="+cainjectorKubeconfig,
 		"--leader-elect=false",
 		"--enable-profiling=false",
-	)
-	if err != nil {
+	); err != nil {
 		return nil, err
 	}
-	l.onStop(cainjector.stop)
+	l.onStop(cm.cainjector.stop)
 
-	netns, err := newPodNetns(dir, "cert-manager-webhook")
-	if err != nil {
+	if cm.netns, err = newPodNetns(dir, "cert-manager-webhook"); err != nil {
 		return nil, err
 	}
-	l.onStop(netns.close)
-	bin, args := netns.command(tp.CertManagerWebhook,
+	l.onStop(cm.netns.close)
+	if err := cm.startWebhook(CertManagerChartDNSNames); err != nil {
+		return nil, err
+	}
+	l.onStop(cm.stopWebhook)
+	if err := cm.netns.publish(w, CertManagerWebhookPort); err != nil {
+		return nil, err
+	}
+	if err := cm.waitServing(ctx, c, nil); err != nil {
+		return nil, err
+	}
+	return cm, nil
+}
+
+// startWebhook starts the webhook process in its pod network namespace, with the chart's
+// flags and dnsNames as --dynamic-serving-dns-names; the only place that builds its command
+// line. The first run logs to cert-manager-webhook.log, restarts to
+// cert-manager-webhook-<n>.log. Call with cm.mu held, or before cm is shared.
+func (cm *CertManager) startWebhook(dnsNames []string) error {
+	bin, args := cm.netns.command(cm.bin,
 		"--v=2",
-		"--kubeconfig="+webhookKubeconfig,
+		"--kubeconfig="+cm.kubeconfig,
 		"--secure-port="+strconv.Itoa(int(CertManagerWebhookPort)),
 		"--healthz-port=6080",
 		"--dynamic-serving-ca-secret-namespace="+CertManagerNamespace,
 		"--dynamic-serving-ca-secret-name="+CertManagerWebhookCASecret,
-		"--dynamic-serving-dns-names="+strings.Join([]string{
-			CertManagerWebhookName, CertManagerWebhookName + "." + CertManagerNamespace, CertManagerWebhookServerName,
-		}, ","),
+		"--dynamic-serving-dns-names="+strings.Join(dnsNames, ","),
 	)
-	webhook, err := startProcess(dir, "cert-manager-webhook", bin, args...)
+	name := "cert-manager-webhook"
+	if cm.starts > 0 {
+		name += "-" + strconv.Itoa(cm.starts+1)
+	}
+	p, err := startProcess(cm.dir, name, bin, args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	l.onStop(webhook.stop)
-	if err := netns.publish(w, CertManagerWebhookPort); err != nil {
-		return nil, err
-	}
+	cm.starts++
+	cm.webhook, cm.dnsNames = p, slices.Clone(dnsNames)
+	return nil
+}
 
-	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+// stopWebhook stops the running webhook process.
+func (cm *CertManager) stopWebhook() {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	cm.webhook.stop()
+}
+
+// WebhookDNSNames are the names the running webhook's serving certificate carries.
+func (cm *CertManager) WebhookDNSNames() []string {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	return slices.Clone(cm.dnsNames)
+}
+
+// waitServing waits (up to 2 minutes) until cainjector has injected a caBundle into both
+// webhook configurations, different from notBundle when that is set and equal to the CA
+// Secret's ca.crt, and the webhook serves, on its VM address, a certificate that verifies
+// against it for every name in cm.dnsNames. Call with cm.mu held, or before cm is shared.
+func (cm *CertManager) waitServing(ctx context.Context, c client.Client, notBundle []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	addr := net.JoinHostPort(w.VMAddress, strconv.Itoa(int(CertManagerWebhookPort)))
-	err = webhook.waitReady(waitCtx, func(ctx context.Context) error {
-		if err := cainjector.exited(); err != nil {
+	addr := net.JoinHostPort(cm.Worker.VMAddress, strconv.Itoa(int(CertManagerWebhookPort)))
+	err := cm.webhook.waitReady(ctx, func(ctx context.Context) error {
+		if err := cm.cainjector.exited(); err != nil {
 			return err
 		}
 		bundle, err := cm.InjectedCABundle(ctx, c)
 		if err != nil {
 			return err
 		}
-		return VerifyTLS(ctx, addr, CertManagerWebhookServerName, bundle)
+		if notBundle != nil && bytes.Equal(bundle, notBundle) {
+			return errors.New("cainjector has not injected a new caBundle yet")
+		}
+		secret := &corev1.Secret{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: CertManagerNamespace, Name: CertManagerWebhookCASecret}, secret); err != nil {
+			return err
+		}
+		if !bytes.Equal(bundle, secret.Data["ca.crt"]) {
+			return errors.New("the injected caBundle is not (yet) the CA Secret's ca.crt")
+		}
+		for _, name := range cm.dnsNames {
+			if err := VerifyTLS(ctx, addr, name, bundle); err != nil {
+				return fmt.Errorf("TLS for %s: %w", name, err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cert-manager not ready (cainjector log %s): %w", cainjector.logPath, err)
+		return fmt.Errorf("cert-manager not ready (cainjector log %s): %w", cm.cainjector.logPath, err)
 	}
-	return cm, nil
+	return nil
 }
 
-// InjectedCABundle returns the caBundle cainjector injected into both webhook configurations,
-// once it has (they must agree).
+// SetWebhookDNSNames restarts the real webhook with --dynamic-serving-dns-names set to the
+// chart's names (CertManagerChartDNSNames) plus extra, as a user does with the chart value
+// webhook.url.host (or the flag through webhook.extraArgs), and waits until it serves a
+// certificate that verifies for every one of those names against the injected caBundle. The
+// webhook keeps its CA (the Secret), so the caBundle does not change. Without extra, the
+// webhook serves the chart's names again. The webhook refuses connections while it restarts
+// (a second or two); its new log is <lab>/thirdparty/cert-manager-webhook-<n>.log.
+func (cm *CertManager) SetWebhookDNSNames(ctx context.Context, l *Lab, extra ...string) error {
+	names := slices.Clone(CertManagerChartDNSNames)
+	for _, n := range extra {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	cm.webhook.stop()
+	if err := cm.startWebhook(names); err != nil {
+		return err
+	}
+	return cm.waitServing(ctx, l.Guest.Client, nil)
+}
+
+// RotateCA makes the webhook rotate its CA the way an operator does: it deletes the CA Secret
+// (CertManagerWebhookCASecret). The real webhook notices, creates a new CA in a new Secret
+// and serves a certificate signed by it; the real cainjector injects the new CA into both
+// webhook configurations. RotateCA waits (up to 2 minutes) until both carry the new caBundle,
+// different from the old one and equal to the new Secret's ca.crt, and the webhook serves a
+// certificate that verifies against it for every name it serves. It returns the old and the
+// new caBundle. Later callers of InjectedCABundle see the new one.
+func (cm *CertManager) RotateCA(ctx context.Context, c client.Client) (oldBundle, newBundle []byte, err error) {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if oldBundle, err = cm.InjectedCABundle(ctx, c); err != nil {
+		return nil, nil, err
+	}
+	secret := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: CertManagerNamespace, Name: CertManagerWebhookCASecret}, secret); err != nil {
+		return nil, nil, err
+	}
+	if err := c.Delete(ctx, secret, client.Preconditions{UID: &secret.UID}); err != nil {
+		return nil, nil, fmt.Errorf("deleting the webhook's CA Secret: %w", err)
+	}
+	if err := cm.waitServing(ctx, c, oldBundle); err != nil {
+		return nil, nil, fmt.Errorf("after deleting the CA Secret: %w", err)
+	}
+	if newBundle, err = cm.InjectedCABundle(ctx, c); err != nil {
+		return nil, nil, err
+	}
+	return oldBundle, newBundle, nil
+}
+
+// InjectedCABundle returns the caBundle cainjector injected into every webhook of the chart's
+// two webhook configurations, once it has (they must all agree). It reads clientConfig.caBundle
+// only, so it works whether the configurations reference the Service (the chart's) or carry a
+// url (as after a GuestWebhookBridge rewrote them): cainjector injects in either mode.
 func (cm *CertManager) InjectedCABundle(ctx context.Context, c client.Client) ([]byte, error) {
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(cm.ValidatingWebhook), vwc); err != nil {
@@ -235,14 +361,22 @@ func (cm *CertManager) InjectedCABundle(ctx context.Context, c client.Client) ([
 	if len(vwc.Webhooks) == 0 || len(mwc.Webhooks) == 0 {
 		return nil, errors.New("webhook configurations have no webhooks")
 	}
-	v, m := vwc.Webhooks[0].ClientConfig.CABundle, mwc.Webhooks[0].ClientConfig.CABundle
-	if len(v) == 0 || len(m) == 0 {
-		return nil, errors.New("cainjector has not injected the caBundle yet")
+	var bundles [][]byte
+	for _, w := range vwc.Webhooks {
+		bundles = append(bundles, w.ClientConfig.CABundle)
 	}
-	if string(v) != string(m) {
-		return nil, errors.New("the validating and mutating webhook configurations have different caBundles")
+	for _, w := range mwc.Webhooks {
+		bundles = append(bundles, w.ClientConfig.CABundle)
 	}
-	return v, nil
+	for _, b := range bundles {
+		if len(b) == 0 {
+			return nil, errors.New("cainjector has not injected the caBundle yet")
+		}
+		if !bytes.Equal(b, bundles[0]) {
+			return nil, errors.New("the webhooks of the validating and mutating webhook configurations have different caBundles")
+		}
+	}
+	return bundles[0], nil
 }
 
 // VerifyTLS completes a TLS handshake with addr, verifying the server's certificate for

@@ -4,34 +4,17 @@ import (
 	"bytes"
 	"reflect"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
-// Deciding whether an apply would change anything. guestnet server-side applies what it
-// wants; applying an unchanged configuration changes nothing in the object, but it is still a
-// write request, on every reconcile. So guestnet first compares what it wants with what its
-// field manager owns in the live object (the manager's cache keeps guestnet's own
-// managedFields entry for this, see internal/manager), and applies only on a difference.
+// Deciding whether an apply to a Cilium object would change anything; Services are
+// compared by internal/ssa.
 
-// ServiceUpToDate reports whether applying desired to the live Service as guestnet's field
-// manager would change nothing: the fields guestnet owns in live are exactly desired's, with
-// desired's values.
-func ServiceUpToDate(desired *corev1ac.ServiceApplyConfiguration, live *corev1.Service) (bool, error) {
-	owned, err := corev1ac.ExtractService(live, hostnames.FieldManager)
-	if err != nil {
-		return false, err
-	}
-	return equality.Semantic.DeepEqual(owned, desired), nil
-}
-
-// ObjectUpToDate is ServiceUpToDate for unstructured objects (Cilium's kinds, whose schema
+// ObjectUpToDate is ssa.ServiceUpToDate for unstructured objects (Cilium's kinds, whose schema
 // guestnet does not compile in): every value of desired is in live, and guestnet's field
 // manager owns nothing desired lacks (else an apply would remove it, e.g. a label the user
 // removed from spec.loadBalancer.labels).

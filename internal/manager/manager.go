@@ -107,7 +107,7 @@ func ClientOptions() client.Options {
 // KeepOwnManagedFields is a cache transform that drops every managedFields entry but
 // guestnet's own server-side apply entries (field manager hostnames.FieldManager). Those are
 // small, exist only on the objects guestnet applies, and tell guestnet what it owns, so it can
-// skip an apply that would change nothing (internal/ingress.ServiceUpToDate).
+// skip an apply that would change nothing (internal/ssa.ServiceUpToDate).
 func KeepOwnManagedFields(in any) (any, error) {
 	obj, err := meta.Accessor(in)
 	if err != nil {
@@ -204,6 +204,7 @@ func SetupGuestIngress(ctx context.Context, mgr ctrl.Manager, clusterCache clust
 func SetupGuestWebhookBridge(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
 	if err := (&guestwebhookbridge.Reconciler{
 		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, concurrency(o.GuestWebhookBridgeConcurrency)); err != nil {
