@@ -128,21 +128,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	return nil
 }
 
-// clusterToBridges maps a guest object of the Cluster key to the Cluster's bridges.
+// clusterToBridges maps any event of a guest object of the Cluster key to the Cluster's bridges.
 func (r *Reconciler) clusterToBridges(key client.ObjectKey) handler.MapFunc {
-	return func(ctx context.Context, _ client.Object) []reconcile.Request {
-		list := &guestnetv1.GuestWebhookBridgeList{}
-		if err := r.Client.List(ctx, list, client.InNamespace(key.Namespace),
-			client.MatchingFields{clusterscope.ClusterNameField: key.Name}); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestWebhookBridges of Cluster", "Cluster", key)
-			return nil
-		}
-		requests := make([]reconcile.Request, 0, len(list.Items))
-		for i := range list.Items {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-		}
-		return requests
-	}
+	toBridges := clusterscope.ClusterToObjects(r.Client, func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	return func(ctx context.Context, _ client.Object) []reconcile.Request { return toBridges(ctx, cluster) }
 }
 
 // endpointSliceToBridge maps an EndpointSlice of a host Service of a bridge to the bridge.

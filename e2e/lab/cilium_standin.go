@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
+
+	"github.com/go-logr/logr"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -24,13 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -81,97 +77,53 @@ const (
 )
 
 // CiliumStandIn is a running Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy for
-// load-balancer IPs and ClusterIPs) for the lab's host cluster.
-type CiliumStandIn struct {
-	cancel context.CancelFunc
-	done   chan error
-	proxy  *proxyStandIn
-	log    *os.File
-}
+// load-balancer IPs and ClusterIPs) for the lab's host cluster. Stop it with Stop.
+type CiliumStandIn struct{ *standIn }
 
-// StartCiliumStandIn starts the Cilium stand-in for every namespace of the host cluster.
-// Stop it with Stop.
-func StartCiliumStandIn(ctx context.Context, l *Lab) (_ *CiliumStandIn, err error) {
-	logFile, err := os.Create(filepath.Join(l.Dir, "cilium-stand-in.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			_ = logFile.Close()
+// StartCiliumStandIn starts the Cilium stand-in for every namespace of the host cluster; it
+// logs to <lab>/cilium-stand-in.log.
+func StartCiliumStandIn(ctx context.Context, l *Lab) (*CiliumStandIn, error) {
+	s, err := startStandIn(ctx, l, standInFieldOwner, l.Host.Config, func(mgr ctrl.Manager, logger logr.Logger) (func(), error) {
+		c := mgr.GetClient()
+		allServices := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			return loadBalancerServiceRequests(ctx, c)
+		})
+
+		if err := ctrl.NewControllerManagedBy(mgr).Named("pool-conflict-stand-in").
+			Watches(newUnstructured(ciliumPoolGVK), handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: "all-pools"}}}
+			})).
+			Complete(reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+				return reconcile.Result{}, markPoolConflicts(ctx, c)
+			})); err != nil {
+			return nil, err
 		}
-	}()
-	logger := fileLogger(logFile)
-	setGlobalLoggerOnce(l.Dir) // else controller-runtime complains on stderr
-	cfg := rest.CopyConfig(l.Host.Config)
-	cfg.UserAgent = standInFieldOwner
-	cfg.QPS, cfg.Burst = 100, 200
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 Scheme,
-		Logger:                 logger,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		if err := ctrl.NewControllerManagedBy(mgr).Named("lbipam-stand-in").
+			For(&corev1.Service{}).
+			Watches(newUnstructured(ciliumPoolGVK), allServices).
+			Complete(&ipamStandIn{c: c}); err != nil {
+			return nil, err
+		}
+		proxy := &proxyStandIn{c: c, log: logger, listeners: map[string]*proxyListener{}, byService: map[types.NamespacedName][]string{}, next: map[types.NamespacedName]int{}}
+		if err := ctrl.NewControllerManagedBy(mgr).Named("l2-kube-proxy-stand-in").
+			For(&corev1.Service{}).
+			Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
+					return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+				}
+				return nil
+			})).
+			Watches(newUnstructured(ciliumL2PolicyGVK), allServices).
+			Watches(&corev1.Node{}, allServices).
+			Complete(proxy); err != nil {
+			return nil, err
+		}
+		return proxy.closeAll, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	c := mgr.GetClient()
-	allServices := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		return loadBalancerServiceRequests(ctx, c)
-	})
-
-	if err := ctrl.NewControllerManagedBy(mgr).Named("pool-conflict-stand-in").
-		Watches(newUnstructured(ciliumPoolGVK), handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: "all-pools"}}}
-		})).
-		Complete(reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-			return reconcile.Result{}, markPoolConflicts(ctx, c)
-		})); err != nil {
-		return nil, err
-	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("lbipam-stand-in").
-		For(&corev1.Service{}).
-		Watches(newUnstructured(ciliumPoolGVK), allServices).
-		Complete(&ipamStandIn{c: c}); err != nil {
-		return nil, err
-	}
-	proxy := &proxyStandIn{c: c, log: logger, listeners: map[string]*proxyListener{}, byService: map[types.NamespacedName][]string{}, next: map[types.NamespacedName]int{}}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("l2-kube-proxy-stand-in").
-		For(&corev1.Service{}).
-		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
-				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
-			}
-			return nil
-		})).
-		Watches(newUnstructured(ciliumL2PolicyGVK), allServices).
-		Watches(&corev1.Node{}, allServices).
-		Complete(proxy); err != nil {
-		return nil, err
-	}
-
-	runCtx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), logger))
-	s := &CiliumStandIn{cancel: cancel, done: make(chan error, 1), proxy: proxy, log: logFile}
-	go func() { s.done <- mgr.Start(runCtx) }()
-	syncCtx, syncCancel := context.WithTimeout(ctx, time.Minute)
-	defer syncCancel()
-	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		s.Stop()
-		return nil, fmt.Errorf("the Cilium stand-in's cache did not sync")
-	}
-	return s, nil
-}
-
-// Stop stops the stand-in and closes every listener.
-func (s *CiliumStandIn) Stop() {
-	s.cancel()
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-	}
-	s.proxy.closeAll()
-	_ = s.log.Close()
+	return &CiliumStandIn{s}, nil
 }
 
 func newUnstructured(gvk schema.GroupVersionKind) *unstructured.Unstructured {

@@ -2,28 +2,23 @@ package lab
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -55,77 +50,33 @@ import (
 // the worker's pod IP to the VM address for declared ports only.
 
 // GuestKubeProxyStandIn is a running guest kube-proxy stand-in (NodePorts in every worker VM)
-// for the lab's guest cluster.
-type GuestKubeProxyStandIn struct {
-	cancel context.CancelFunc
-	done   chan error
-	proxy  *guestNodePortStandIn
-	log    *os.File
-}
+// for the lab's guest cluster. Stop it with Stop.
+type GuestKubeProxyStandIn struct{ *standIn }
 
 const guestKubeProxyStandInName = "guest-kube-proxy-stand-in"
 
 // StartGuestKubeProxyStandIn starts the guest kube-proxy stand-in, watching the guest's
-// Services, Pods and Nodes; it logs to <lab>/guest-kube-proxy-stand-in.log. Stop it with Stop.
-func StartGuestKubeProxyStandIn(ctx context.Context, l *Lab) (_ *GuestKubeProxyStandIn, err error) {
-	logFile, err := os.Create(filepath.Join(l.Dir, guestKubeProxyStandInName+".log"))
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			_ = logFile.Close()
+// Services, Pods and Nodes; it logs to <lab>/guest-kube-proxy-stand-in.log.
+func StartGuestKubeProxyStandIn(ctx context.Context, l *Lab) (*GuestKubeProxyStandIn, error) {
+	s, err := startStandIn(ctx, l, guestKubeProxyStandInName, l.Guest.Config, func(mgr ctrl.Manager, logger logr.Logger) (func(), error) {
+		proxy := &guestNodePortStandIn{c: mgr.GetClient(), log: logger, listeners: map[string]*nodePortListener{}, blocked: map[string]string{}, next: map[string]int{}}
+		// One reconcile computes every listener: any change of a Service, Pod or Node triggers it.
+		everything := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: "node-ports"}}}
+		})
+		if err := ctrl.NewControllerManagedBy(mgr).Named(guestKubeProxyStandInName).
+			Watches(&corev1.Service{}, everything).
+			Watches(&corev1.Pod{}, everything).
+			Watches(&corev1.Node{}, everything).
+			Complete(proxy); err != nil {
+			return nil, err
 		}
-	}()
-	logger := fileLogger(logFile)
-	setGlobalLoggerOnce(l.Dir) // else controller-runtime complains on stderr
-	cfg := rest.CopyConfig(l.Guest.Config)
-	cfg.UserAgent = guestKubeProxyStandInName
-	cfg.QPS, cfg.Burst = 100, 200
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 Scheme,
-		Logger:                 logger,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		return proxy.closeAll, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	proxy := &guestNodePortStandIn{c: mgr.GetClient(), log: logger, listeners: map[string]*nodePortListener{}, blocked: map[string]string{}, next: map[string]int{}}
-	// One reconcile computes every listener: any change of a Service, Pod or Node triggers it.
-	everything := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: "node-ports"}}}
-	})
-	if err := ctrl.NewControllerManagedBy(mgr).Named(guestKubeProxyStandInName).
-		Watches(&corev1.Service{}, everything).
-		Watches(&corev1.Pod{}, everything).
-		Watches(&corev1.Node{}, everything).
-		Complete(proxy); err != nil {
-		return nil, err
-	}
-
-	runCtx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), logger))
-	s := &GuestKubeProxyStandIn{cancel: cancel, done: make(chan error, 1), proxy: proxy, log: logFile}
-	go func() { s.done <- mgr.Start(runCtx) }()
-	syncCtx, syncCancel := context.WithTimeout(ctx, time.Minute)
-	defer syncCancel()
-	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		s.Stop()
-		return nil, fmt.Errorf("the guest kube-proxy stand-in's cache did not sync")
-	}
-	return s, nil
-}
-
-// Stop stops the stand-in and closes every listener.
-func (s *GuestKubeProxyStandIn) Stop() {
-	s.cancel()
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-	}
-	s.proxy.closeAll()
-	_ = s.log.Close()
+	return &GuestKubeProxyStandIn{s}, nil
 }
 
 // nodePortTarget is what one nodePort listener serves: a Service port, on one Node.
