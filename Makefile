@@ -15,6 +15,10 @@ CAPK_VERSION           ?= v0.1.10
 CILIUM_VERSION         ?= v1.20.2
 CONTROLLER_GEN_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION      ?= v5.8.2
+# clusterctl is built from the same Cluster API release as the CRDs (hack/tools/clusterctl,
+# whose go.mod pins it and pins the dependencies the provider shares to the provider's own
+# versions, so that their compiled packages come from the same build cache).
+CLUSTERCTL_VERSION     ?= $(CAPI_VERSION)
 # Real third-party servers the lab runs in its guest cluster. Each is built in its own tools
 # module (hack/tools/<name>, whose go.mod pins the same version), so that their old
 # dependencies never touch the provider's.
@@ -29,6 +33,8 @@ TOOLS_BIN    := $(CACHE_DIR)/tools
 CRD_DIR      := $(CACHE_DIR)/crds/capi-$(CAPI_VERSION)_capk-$(CAPK_VERSION)_cilium-$(CILIUM_VERSION)
 CERT_MANAGER_BIN   := $(CACHE_DIR)/cert-manager-$(CERT_MANAGER_VERSION)
 METRICS_SERVER_BIN := $(CACHE_DIR)/metrics-server-$(METRICS_SERVER_VERSION)
+CLUSTERCTL_BIN     := $(CACHE_DIR)/clusterctl-$(CLUSTERCTL_VERSION)
+CLUSTERCTL         := $(CLUSTERCTL_BIN)/clusterctl
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 
@@ -44,6 +50,9 @@ METRICS_SERVER          := $(METRICS_SERVER_BIN)/metrics-server
 # Binaries, then manifests of the same releases (next to the binaries).
 THIRD_PARTY_ASSETS := $(CERT_MANAGER_WEBHOOK) $(CERT_MANAGER_CAINJECTOR) $(METRICS_SERVER) \
 	$(CERT_MANAGER_BIN)/crds/.complete $(METRICS_SERVER_BIN)/components.yaml
+# clusterctl, and next to it what the tests' local repositories of the Cluster API providers
+# need from the same release (CRDs and metadata.yaml, hack/fetch-clusterctl-assets.sh).
+CLUSTERCTL_ASSETS := $(CLUSTERCTL) $(CLUSTERCTL_BIN)/capi/.complete
 
 K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=1 \
@@ -51,6 +60,17 @@ K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) 
 	-X k8s.io/component-base/version.gitTreeState=clean
 CERT_MANAGER_LDFLAGS   := -s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$(CERT_MANAGER_VERSION)
 METRICS_SERVER_LDFLAGS := -s -w -X k8s.io/client-go/pkg/version.gitVersion=$(METRICS_SERVER_VERSION)
+CLUSTERCTL_LDFLAGS     := -s -w -X sigs.k8s.io/cluster-api/version.gitVersion=$(CLUSTERCTL_VERSION) \
+	-X sigs.k8s.io/cluster-api/version.gitMajor=$(patsubst v%,%,$(word 1,$(subst ., ,$(CLUSTERCTL_VERSION)))) \
+	-X sigs.k8s.io/cluster-api/version.gitMinor=$(word 2,$(subst ., ,$(CLUSTERCTL_VERSION))) \
+	-X sigs.k8s.io/cluster-api/version.gitTreeState=clean
+
+# The release: `make release-manifests` writes what clusterctl reads from a release of this
+# provider (addon-components.yaml, metadata.yaml, the templates) into RELEASE_DIR, with the
+# manager image IMAGE_NAME:RELEASE_TAG.
+RELEASE_TAG ?= v0.1.0
+RELEASE_DIR ?= out
+IMAGE_NAME  ?= ghcr.io/guestnet/cluster-api-addon-provider-guestnet
 
 # Every test binary runs in a private network namespace that has only lo (DEVELOPERS.md
 # safety rule); hack/labns sets it up and then execs the binary.
@@ -59,9 +79,13 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
+# The release the clusterctl tests install (written by `make release-manifests`).
+export GUESTNET_RELEASE_DIR := $(abspath $(RELEASE_DIR))
+export GUESTNET_RELEASE_TAG := $(RELEASE_TAG)
+export GUESTNET_RELEASE_IMAGE := $(IMAGE_NAME):$(RELEASE_TAG)
 
 ##@ General
 
@@ -76,7 +100,7 @@ demo: lab-assets ## Start the two-cluster lab and show the state of host and gue
 	go run -exec $(LABNS) ./e2e/demo $(DEMO_ARGS)
 
 .PHONY: test
-test: lab-assets verify $(KUSTOMIZE) ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
+test: lab-assets verify $(KUSTOMIZE) release-manifests ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
 	go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
 
 # Where `make generate` writes; verify-generate points these at a scratch directory.
@@ -114,10 +138,16 @@ manifests: $(KUSTOMIZE) ## Print the components file built from config/default.
 build: ## Build the manager binary into bin/.
 	go build -o bin/manager .
 
+##@ Release
+
+.PHONY: release-manifests
+release-manifests: $(KUSTOMIZE) ## Write the clusterctl release files (addon-components.yaml, metadata.yaml) into RELEASE_DIR (out/).
+	@hack/release-manifests.sh $(KUSTOMIZE) $(RELEASE_DIR) $(RELEASE_TAG) $(IMAGE_NAME)
+
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux) and ip (iproute2) are installed.
@@ -145,6 +175,22 @@ $(CERT_MANAGER_BIN)/crds/.complete:
 
 $(METRICS_SERVER_BIN)/components.yaml: | $(KUSTOMIZE)
 	hack/fetch-thirdparty-manifests.sh metrics-server $(METRICS_SERVER_BIN) $(METRICS_SERVER_VERSION) $(KUSTOMIZE)
+
+# No -trimpath here, unlike the other tools: clusterctl shares most of its dependencies
+# (client-go, controller-runtime, Cluster API's util) with the provider at the same versions,
+# and -trimpath would compile them again instead of reusing what `go vet`/`go test` compile.
+$(CLUSTERCTL):
+	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api $(CLUSTERCTL_VERSION)$$' hack/tools/clusterctl/go.mod || \
+		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
+	mkdir -p $(dir $@)
+	cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@
+
+$(CLUSTERCTL_BIN)/capi/.complete:
+	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)
+
+.PHONY: clusterctl
+clusterctl: $(CLUSTERCTL_ASSETS) ## Build clusterctl (CLUSTERCTL_VERSION, the CAPI release) into CACHE_DIR and print its path.
+	@echo $(CLUSTERCTL)
 
 $(CONTROLLER_GEN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)

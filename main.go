@@ -8,42 +8,30 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/logs"
 	logsv1 "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register"
 	"k8s.io/klog/v2"
-	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/flags"
 
-	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
 
-var (
-	scheme   = runtime.NewScheme()
-	setupLog = ctrl.Log.WithName("setup")
-)
-
-func init() {
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(clusterv1.AddToScheme(scheme))
-	// Guest APIServices, which the GuestWebhookBridge repoints.
-	utilruntime.Must(apiregistrationv1.AddToScheme(scheme))
-	utilruntime.Must(guestnetv1.AddToScheme(scheme))
-}
+var setupLog = ctrl.Log.WithName("setup")
 
 // options are the command-line flags; the names and defaults follow the Cluster API
 // providers' own managers so that operators find what they know.
@@ -101,6 +89,8 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 		"Number of GuestWebhookBridges to reconcile simultaneously.")
 	fs.IntVar(&o.wiring.WorkerPortsConcurrency, "workerports-concurrency", 10,
 		"Number of Clusters whose worker port declarations are reconciled simultaneously.")
+	fs.IntVar(&o.wiring.TopologyVariablesConcurrency, "topology-variables-concurrency", 10,
+		"Number of Clusters whose guestnet topology variable is reconciled simultaneously (feature gate ClusterTopologyVariables).")
 
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
 		"Number of clusters the ClusterCache connects to and health-checks simultaneously.")
@@ -111,6 +101,16 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 }
 
 func main() {
+	// `manager diagnose ...` runs the runbook's checks against one guest cluster, prints a
+	// verdict per item and exits (internal/diagnose); the manager's flags do not apply.
+	if len(os.Args) > 1 && os.Args[1] == "diagnose" {
+		ctrl.SetLogger(klog.Background())
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := diagnose.Run(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+
 	opts := &options{}
 	addFlags(pflag.CommandLine, opts)
 	pflag.CommandLine.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
@@ -169,7 +169,7 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("invalid diagnostics or TLS flags: %w", err)
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
-		Scheme:                 scheme,
+		Scheme:                 scheme.New(),
 		LeaderElection:         opts.leaderElect,
 		LeaderElectionID:       manager.Name + "-leader-election-capi",
 		LeaseDuration:          &opts.leaderElectionLeaseDuration,

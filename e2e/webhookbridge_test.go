@@ -83,8 +83,9 @@ func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testin
 	status := eventuallyBridge(ctx, g, host, gwb, timeout, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
 		g.Expect(conditions.IsTrue(got, guestnetv1.TargetsBridgedCondition)).To(BeTrue(), "%v", conditions.Get(got, guestnetv1.TargetsBridgedCondition))
 		g.Expect(conditions.GetReason(got, guestnetv1.TargetsReachableCondition)).To(Equal(guestnetv1.TLSNameMismatchReason))
+		// Conditions and the rest of status are two patches: wait for both.
+		g.Expect(got.Status.BridgedTargets).To(BeEquivalentTo(3))
 	})
-	g.Expect(status.Status.BridgedTargets).To(BeEquivalentTo(3))
 	msg := conditions.GetMessage(status, guestnetv1.TargetsReachableCondition)
 	g.Expect(msg).To(ContainSubstring("2 of 3 bridged targets cannot be called"))
 	g.Expect(msg).To(ContainSubstring("not " + serverName + ", the name the guest apiserver verifies"))

@@ -133,8 +133,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 }
 
 // Own objects: read them, write status, hold the finalizer until the host objects are gone.
-// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses/status,verbs=patch
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses/finalizers,verbs=update
 // The CAPI Cluster named by spec.clusterName: pause, provisioning state.
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
@@ -142,11 +142,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // The host LoadBalancer Service in the Cluster's namespace that selects the worker virt-launcher pods
 // (server-side applied; deleted when the GuestIngress goes).
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // Its EndpointSlices: zero ready endpoints is the field report's "connection refused".
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // Cilium LB-IPAM pool (created from spec.loadBalancer, or read when poolRef names one) and L2 announcement policy.
-// +kubebuilder:rbac:groups=cilium.io,resources=ciliumloadbalancerippools;ciliuml2announcementpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=cilium.io,resources=ciliumloadbalancerippools;ciliuml2announcementpolicies,verbs=get;list;watch;create;patch;delete
 // PortsDeclared: the worker MachineDeployments and their templates are read (the
 // workerports controller is the one that writes them).
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch

@@ -153,15 +153,15 @@ func (r *Reconciler) endpointSliceToBridge(ctx context.Context, o client.Object)
 }
 
 // Own objects: read them, write status, hold the finalizer until the originals are restored.
-// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestwebhookbridges,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestwebhookbridges/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestwebhookbridges,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestwebhookbridges/status,verbs=patch
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestwebhookbridges/finalizers,verbs=update
 // The CAPI Cluster named by spec.clusterName: pause, provisioning state.
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // The <cluster>-kubeconfig Secret the ClusterCache connects to the guest apiserver with.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // One host ClusterIP Service per bridged guest Service, selecting the worker virt-launcher pods; its DNS name is what the guest apiserver dials.
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // Its EndpointSlices: a bridge without ready endpoints cannot be reachable (probed again when they change).
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // PortsDeclared: the worker MachineDeployments and their templates are read (the

@@ -88,6 +88,30 @@ func (a *Assets) LookupThirdParty() (*ThirdPartyAssets, error) {
 	return t, nil
 }
 
+// ClusterctlAssets are clusterctl, built by the Makefile from Cluster API's cmd/clusterctl at the
+// pinned release (hack/tools/clusterctl), and, in the capi/ directory next to it, what the
+// tests' local (file://) repositories of the Cluster API providers need from the same release
+// (hack/fetch-clusterctl-assets.sh).
+type ClusterctlAssets struct {
+	Clusterctl string
+	// CAPIDir holds the release's metadata.yaml and the CRDs of the providers `clusterctl init`
+	// installs by default: core/ (cluster-api), bootstrap-kubeadm/, control-plane-kubeadm/.
+	CAPIDir string
+}
+
+// LookupClusterctl finds clusterctl and the Cluster API release files next to it.
+func (a *Assets) LookupClusterctl() (*ClusterctlAssets, error) {
+	bin, err := findFile(a.binDirs, "clusterctl")
+	if err != nil {
+		return nil, err
+	}
+	c := &ClusterctlAssets{Clusterctl: bin, CAPIDir: filepath.Join(filepath.Dir(bin), "capi")}
+	if _, err := os.Stat(filepath.Join(c.CAPIDir, ".complete")); err != nil {
+		return nil, fmt.Errorf("Cluster API release files missing: %w (run `make lab-assets`)", err)
+	}
+	return c, nil
+}
+
 func findFile(dirs []string, name string) (string, error) {
 	for _, d := range dirs {
 		p := filepath.Join(d, name)

@@ -25,25 +25,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
 
 // Scheme knows every type the lab and the tests use on either cluster.
 var Scheme = newScheme()
 
 func newScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	s := scheme.New()
 	utilruntime.Must(apiextensionsv1.AddToScheme(s))
-	utilruntime.Must(apiregistrationv1.AddToScheme(s))
-	utilruntime.Must(clusterv1.AddToScheme(s))
-	utilruntime.Must(guestnetv1.AddToScheme(s))
 	return s
 }
 

@@ -77,12 +77,18 @@ func StartManager(t testing.TB, l *Lab, opts manager.Options, setup SetupFunc) c
 // manager, logging to logger, waits until its cache is synced and returns it with the
 // function that stops it.
 func RunManager(ctx context.Context, l *Lab, opts manager.Options, setup SetupFunc, logger klog.Logger) (ctrl.Manager, func() error, error) {
+	return RunManagerAs(ctx, l, l.Host.Config, opts, setup, logger)
+}
+
+// RunManagerAs is RunManager with the manager talking to the host apiserver as hostConfig
+// says (e.g. as a ServiceAccount bound to the generated RBAC, instead of the lab's admin).
+func RunManagerAs(ctx context.Context, l *Lab, hostConfig *rest.Config, opts manager.Options, setup SetupFunc, logger klog.Logger) (ctrl.Manager, func() error, error) {
 	if opts.SyncPeriod == 0 {
 		opts.SyncPeriod = ManagerSyncPeriod
 	}
 	setGlobalLoggerOnce(l.Dir)
 
-	restConfig := rest.CopyConfig(l.Host.Config)
+	restConfig := rest.CopyConfig(hostConfig)
 	restConfig.UserAgent = manager.Name
 	restConfig.QPS, restConfig.Burst = 100, 200
 

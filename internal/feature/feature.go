@@ -8,10 +8,11 @@ import (
 )
 
 const (
-	// ClusterTopologyVariables lets guestnet hand the ports the workers must declare to
-	// ClusterClass-managed clusters through topology variables, instead of leaving those
-	// clusters alone: their MachineDeployments belong to the topology controller and
-	// guestnet never edits them directly.
+	// ClusterTopologyVariables turns on the exp/topology controller: for a ClusterClass
+	// cluster whose `guestnet` topology variable has `ingress` or `webhookBridge`, it creates,
+	// updates and deletes the cluster's GuestIngress and GuestWebhookBridge (owned by the
+	// Cluster). The ClusterClass patch declares the ports the same variable implies, so the
+	// topology controller and guestnet never edit the same objects.
 	//
 	// alpha: v0.1
 	ClusterTopologyVariables featuregate.Feature = "ClusterTopologyVariables"

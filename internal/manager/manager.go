@@ -30,6 +30,8 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
@@ -52,6 +54,9 @@ type Options struct {
 	GuestIngressConcurrency       int
 	GuestWebhookBridgeConcurrency int
 	WorkerPortsConcurrency        int
+	// TopologyVariablesConcurrency is the concurrency of the experimental topology
+	// controller (exp/topology), registered only with the ClusterTopologyVariables gate.
+	TopologyVariablesConcurrency int
 
 	// ClusterCacheConcurrency is the number of clusters the ClusterCache connects to and
 	// health-checks simultaneously.
@@ -163,7 +168,8 @@ func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (cluste
 	return clusterCache, nil
 }
 
-// SetupReconcilers registers the guestnet controllers on mgr.
+// SetupReconcilers registers the guestnet controllers on mgr, and the experimental ones
+// whose feature gates are enabled.
 func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
 	if err := SetupGuestIngress(ctx, mgr, clusterCache, o); err != nil {
 		return err
@@ -171,7 +177,27 @@ func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 	if err := SetupGuestWebhookBridge(ctx, mgr, clusterCache, o); err != nil {
 		return err
 	}
-	return SetupWorkerPorts(ctx, mgr, clusterCache, o)
+	if err := SetupWorkerPorts(ctx, mgr, clusterCache, o); err != nil {
+		return err
+	}
+	if feature.Gates.Enabled(feature.ClusterTopologyVariables) {
+		return SetupTopologyVariables(ctx, mgr, clusterCache, o)
+	}
+	return nil
+}
+
+// SetupTopologyVariables registers the experimental controller that manages each
+// ClusterClass-based Cluster's GuestIngress and GuestWebhookBridge from its guestnet topology
+// variable (exp/topology). SetupReconcilers calls it only when the ClusterTopologyVariables
+// feature gate is enabled.
+func SetupTopologyVariables(ctx context.Context, mgr ctrl.Manager, _ clustercache.ClusterCache, o Options) error {
+	if err := (&topology.Reconciler{
+		Client:           mgr.GetClient(),
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, concurrency(o.TopologyVariablesConcurrency)); err != nil {
+		return fmt.Errorf("setting up topology variables controller: %w", err)
+	}
+	return nil
 }
 
 // SetupWorkerPorts registers the controller that declares the worker ports on mgr.

@@ -152,7 +152,9 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 }
 
 // TopologyValue is the value of the ClusterClass variable guestnet.workerPorts that declares
-// ports on topology-managed workers (templates/clusterclass-kubevirt-guestnet.yaml).
+// ports on topology-managed workers (templates/clusterclass-kubevirt-guestnet.yaml). The
+// variable's ingress and webhookBridge fields are left out: the ClusterClass patch declares
+// their ports from them, and the message that gives this value says to keep them.
 func TopologyValue(ports []Port) string {
 	type entry struct {
 		Port     int32  `json:"port"`
@@ -209,7 +211,8 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 			if w.TopologyOwned() {
 				all := clusterSet.Union(NewSet(declaredAsRequirements(w.Analysis.Declared)...))
 				topology = append(topology, fmt.Sprintf("MachineDeployment %s belongs to the Cluster topology and its KubevirtMachineTemplate %s lacks %s; "+
-					"guestnet never edits topology-managed workers: set the Cluster topology variable guestnet to %s",
+					"guestnet never edits topology-managed workers: set the Cluster topology variable guestnet to %s "+
+					"(keep its ingress and webhookBridge as they are: the ClusterClass declares their ports itself)",
 					md, w.Template.GetName(), lacking, TopologyValue(all.Ports())))
 				continue
 			}

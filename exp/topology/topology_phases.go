@@ -1,0 +1,150 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
+)
+
+// Event reasons, on the Cluster.
+const (
+	// ReasonCreated, ReasonUpdated, ReasonDeleted: a GuestIngress or GuestWebhookBridge was
+	// created, its spec changed, or it was deleted, following the variable.
+	ReasonCreated = "TopologyObjectCreated"
+	ReasonUpdated = "TopologyObjectUpdated"
+	ReasonDeleted = "TopologyObjectDeleted"
+	// ReasonConflict: the variable asks for an object whose name is taken by one this
+	// controller did not make; it is left alone.
+	ReasonConflict = "TopologyObjectConflict"
+	// ReasonVariableInvalid: the value cannot be read, or the apiserver refused the object
+	// made from it (the note carries its message); nothing changed.
+	ReasonVariableInvalid = "TopologyVariableInvalid"
+
+	eventAction = "ApplyTopologyVariable"
+)
+
+// reconcileObject makes the Cluster's object of kind follow the variable: applied when the
+// variable has its part, deleted (when it is this controller's) when it has not.
+func (r *Reconciler) reconcileObject(ctx context.Context, s *scope, kind string) error {
+	live, err := r.getLive(ctx, s, kind)
+	if err != nil {
+		return err
+	}
+	spec := specOf(s.variable, kind)
+	if spec == nil {
+		return r.deleteOwned(ctx, s, kind, live)
+	}
+	if live != nil && !Owns(s.cluster, live) {
+		r.recorder.Eventf(s.cluster, live, corev1.EventTypeWarning, ReasonConflict, eventAction,
+			"%s %s/%s exists and was not made from the topology variable (it lacks the label %s=%s or this Cluster as controller owner): "+
+				"guestnet leaves it alone and does not apply %s.%s; delete or rename it, or remove %s from the variable",
+			kind, live.GetNamespace(), live.GetName(), ManagedLabel, ManagedValue, VariableName, fieldOf(kind), fieldOf(kind))
+		return nil
+	}
+	if live != nil && !live.GetDeletionTimestamp().IsZero() {
+		// Still being deleted (its finalizer undoes what it did): its deletion brings the
+		// Cluster back, and then it is created again.
+		return nil
+	}
+	return r.apply(ctx, s, kind, spec, live)
+}
+
+// getLive reads the Cluster's object of kind from the cache; nil when there is none.
+func (r *Reconciler) getLive(ctx context.Context, s *scope, kind string) (client.Object, error) {
+	var obj client.Object
+	switch kind {
+	case GuestIngressKind:
+		obj = &guestnetv1.GuestIngress{}
+	case GuestWebhookBridgeKind:
+		obj = &guestnetv1.GuestWebhookBridge{}
+	default:
+		return nil, fmt.Errorf("unknown kind %s", kind)
+	}
+	key := client.ObjectKey{Namespace: s.cluster.Namespace, Name: ObjectName(s.cluster)}
+	if err := r.Client.Get(ctx, key, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("getting %s %s: %w", kind, key, err)
+	}
+	return obj, nil
+}
+
+// apply server-side applies the object made from spec. The object's UID, when it exists, goes
+// with the request: should it have been replaced by someone else's since the cache saw it,
+// the apiserver refuses the change (metadata.uid is immutable) instead of taking it over. A
+// refused value leaves the object as it is, and is reported with the apiserver's message.
+func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[string]any, live client.Object) error {
+	desired := Desired(kind, s.cluster, spec, r.WatchFilterValue)
+	if live != nil {
+		desired.SetUID(live.GetUID())
+	}
+	err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(desired), client.FieldOwner(FieldManager), client.ForceOwnership)
+	if refused(err) {
+		outcome := fmt.Sprintf("no %s is created until it is fixed", kind)
+		if live != nil {
+			outcome = fmt.Sprintf("%s %s keeps its current spec", kind, live.GetName())
+		}
+		r.recorder.Eventf(s.cluster, live, corev1.EventTypeWarning, ReasonVariableInvalid, eventAction,
+			"%s.%s is not a valid %s spec: %s; %s", VariableName, fieldOf(kind), kind, ssa.APIErrorMessage(err), outcome)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("applying %s %s/%s: %w", kind, desired.GetNamespace(), desired.GetName(), err)
+	}
+
+	var related runtime.Object = desired // the apiserver's answer
+	switch {
+	case live == nil:
+		ctrl.LoggerFrom(ctx).Info("Created from the topology variable", kind, desired.GetName())
+		r.recorder.Eventf(s.cluster, related, corev1.EventTypeNormal, ReasonCreated, eventAction,
+			"Created %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))
+	case desired.GetGeneration() != live.GetGeneration():
+		ctrl.LoggerFrom(ctx).Info("Updated from the topology variable", kind, desired.GetName())
+		r.recorder.Eventf(s.cluster, related, corev1.EventTypeNormal, ReasonUpdated, eventAction,
+			"Updated %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))
+	}
+	return nil
+}
+
+// refused recognises the apiserver's refusal of an applied object: Invalid (the CRD's
+// validation) or BadRequest, or a field the CRD does not have, which the apiserver's field
+// manager refuses with a plain error that reaches the client as a 500 without a reason.
+func refused(err error) bool {
+	if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+		return true
+	}
+	var status apierrors.APIStatus
+	return errors.As(err, &status) && status.Status().Code == http.StatusInternalServerError &&
+		strings.Contains(status.Status().Message, "field not declared in schema")
+}
+
+// deleteOwned deletes live when it is this controller's: the variable no longer has its part.
+// Someone else's object is not touched.
+func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, kind string, live client.Object) error {
+	if live == nil || !Owns(s.cluster, live) || !live.GetDeletionTimestamp().IsZero() {
+		return nil
+	}
+	uid := live.GetUID()
+	if err := r.Client.Delete(ctx, live, client.Preconditions{UID: &uid}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("deleting %s %s/%s: %w", kind, live.GetNamespace(), live.GetName(), err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Deleted: the topology variable no longer has it", kind, live.GetName())
+	r.recorder.Eventf(s.cluster, live, corev1.EventTypeNormal, ReasonDeleted, eventAction,
+		"Deleted %s %s: the topology variable %s has no %s any more", kind, live.GetName(), VariableName, fieldOf(kind))
+	return nil
+}

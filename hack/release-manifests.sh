@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Writes the files of a guestnet release that clusterctl reads, into DIR:
+#   addon-components.yaml  `kustomize build config/default`: what `clusterctl init --addon
+#                          guestnet` installs, with ${VAR:=default} clusterctl variables
+#   metadata.yaml          the release series -> Cluster API contract map (copied as it is)
+#   cluster-template*.yaml, clusterclass-*.yaml  the templates/ for `clusterctl generate
+#                          cluster --from <release URL>/<file>`
+# The manager image is IMAGE:TAG, set with `kustomize edit set image` on a copy of config/ (the
+# repository keeps the dev tag). The script fails unless metadata.yaml has a release series for
+# TAG's major.minor, as clusterctl requires.
+# Usage: release-manifests.sh KUSTOMIZE DIR TAG IMAGE
+set -euo pipefail
+kustomize=$1 dir=$2 tag=$3 image=$4
+cd "$(dirname "$0")/.."
+
+[[ $tag =~ ^v([0-9]+)\.([0-9]+)\.([0-9]+)(-.+)?$ ]] || { echo "RELEASE_TAG=$tag is not vMAJOR.MINOR.PATCH" >&2; exit 1; }
+major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
+if ! awk -v M="$major" -v m="$minor" '
+    /^- major:|^  - major:/ { split($0, a, ":"); cur = a[2] + 0; next }
+    /minor:/ { split($0, a, ":"); if (cur == M && a[2] + 0 == m) found = 1 }
+    END { exit !found }' metadata.yaml; then
+  echo "metadata.yaml has no release series $major.$minor for RELEASE_TAG=$tag" >&2; exit 1
+fi
+
+tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+cp -R config "$tmp/"
+(cd "$tmp/config/manager" && "$kustomize" edit set image "controller=$image:$tag")
+mkdir -p "$dir"
+"$kustomize" build "$tmp/config/default" > "$dir/addon-components.yaml.tmp"
+mv "$dir/addon-components.yaml.tmp" "$dir/addon-components.yaml"
+cp metadata.yaml "$dir/metadata.yaml"
+shopt -s nullglob
+templates=(templates/cluster-template*.yaml templates/clusterclass-*.yaml)
+if ((${#templates[@]})); then cp "${templates[@]}" "$dir/"; fi
+echo "release $tag written to $dir: $(cd "$dir" && ls | tr '\n' ' ')"

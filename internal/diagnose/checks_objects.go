@@ -1,0 +1,131 @@
+package diagnose
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+)
+
+// Diagnose runs every check over what Gather read, in the runbook's order: the Cluster and
+// its guest, the workers and what forwards to them, then the guest's webhooks and
+// APIServices, then guestnet's own objects.
+func Diagnose(s *State) *Report {
+	rep := &Report{Namespace: s.Namespace, Cluster: s.ClusterName, Verdict: OK}
+	rep.add(checkCluster(s))
+	guestOK := false
+	if s.Guest != nil {
+		rep.add(checkGuest(s))
+		guestOK = s.Guest.Err == nil
+	}
+	rep.add(checkWorkers(s))
+	rep.add(checkServices(s)...)
+	rep.add(checkPorts(s)...)
+	if guestOK {
+		rep.add(checkTunnel(s))
+		rep.add(checkTargets(s)...)
+		rep.add(checkKonnectivity(s))
+	}
+	for i := range s.Ingresses {
+		rep.add(checkGuestIngress(&s.Ingresses[i]))
+	}
+	for i := range s.Bridges {
+		rep.add(checkBridge(&s.Bridges[i]))
+	}
+	return rep
+}
+
+// conditionRunbook says which runbook section explains a condition that is not True.
+func conditionRunbook(c *metav1.Condition) string {
+	switch c.Type {
+	case guestnetv1.ClusterAvailableCondition:
+		return rbGuestUnreachable
+	case guestnetv1.LoadBalancerReadyCondition:
+		return rbNoIP
+	case guestnetv1.EndpointsReadyCondition:
+		return rbNoEndpoints
+	case guestnetv1.PortsDeclaredCondition:
+		if c.Reason == guestnetv1.RollingOutReason {
+			return rbWorkerRollout
+		}
+		return rbUndeclaredPort
+	case guestnetv1.TargetsReachableCondition:
+		return reasonRunbook(c.Reason)
+	case guestnetv1.TargetsBridgedCondition:
+		return rbWebhookFailed
+	}
+	return ""
+}
+
+// checkConditions reports a guestnet object from its conditions: Ready, else the first of
+// summarised that is not True, with its message (which says what to do).
+func checkConditions(r Result, obj metav1.Object, conds []metav1.Condition, observedGeneration int64, ready string, summarised []string, doc string) Result {
+	if c := meta.FindStatusCondition(conds, guestnetv1.PausedCondition); c != nil && c.Status == metav1.ConditionTrue {
+		r.Verdict, r.Detail = Warn, "paused: "+c.Message
+		r.Fix = "lift the pause"
+		return r
+	}
+	readyCond := meta.FindStatusCondition(conds, guestnetv1.ReadyCondition)
+	if readyCond == nil {
+		r.Verdict, r.Detail = Warn, "no status yet: guestnet's manager has not reconciled it"
+		r.Fix, r.Runbook = fixManager, rbManager
+		return r
+	}
+	stale := ""
+	if observedGeneration != 0 && observedGeneration < obj.GetGeneration() {
+		stale = fmt.Sprintf(" (status of generation %d; the object is at %d)", observedGeneration, obj.GetGeneration())
+	}
+	if readyCond.Status == metav1.ConditionTrue {
+		r.Verdict, r.Detail = OK, "Ready"+ready+stale
+		return r
+	}
+	var notTrue []string
+	var first *metav1.Condition
+	for _, t := range summarised {
+		c := meta.FindStatusCondition(conds, t)
+		if c == nil || c.Status == metav1.ConditionTrue {
+			continue
+		}
+		if first == nil {
+			first = c
+		}
+		notTrue = append(notTrue, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
+	}
+	if first == nil {
+		r.Verdict, r.Detail = Warn, fmt.Sprintf("Ready=%s %s: %s%s", readyCond.Status, readyCond.Reason, readyCond.Message, stale)
+		r.Fix, r.Runbook = "run diagnose again in a few seconds; if it stays, "+fixManager, rbManager
+		return r
+	}
+	r.Verdict, r.Detail = Fail, strings.Join(notTrue, "; ")+stale
+	r.Fix = "act on the condition's message (" + doc + ")"
+	r.Runbook = conditionRunbook(first)
+	return r
+}
+
+// checkGuestIngress: the GuestIngress is Ready (the whole chain holds), else the condition
+// that breaks it.
+func checkGuestIngress(gi *guestnetv1.GuestIngress) Result {
+	var ports []string
+	for _, p := range gi.Status.Ports {
+		ports = append(ports, fmt.Sprintf("%d->%d", p.Port, p.NodePort))
+	}
+	ready := fmt.Sprintf(": IP %s, %d ready endpoints, host Service %s, ports %s",
+		gi.Status.LoadBalancerIP, gi.Status.ReadyEndpoints, gi.Status.HostService, strings.Join(ports, " "))
+	return checkConditions(Result{Check: CheckGuestIngress, Object: gi.Name}, gi, gi.Status.Conditions, gi.Status.ObservedGeneration, ready,
+		[]string{guestnetv1.ClusterAvailableCondition, guestnetv1.GuestServiceReadyCondition, guestnetv1.LoadBalancerReadyCondition,
+			guestnetv1.EndpointsReadyCondition, guestnetv1.PortsDeclaredCondition},
+		"docs/guestingress.md#conditions-what-each-says-and-what-to-do")
+}
+
+// checkBridge: the GuestWebhookBridge is Ready (every target bridged and reachable), else
+// the condition that breaks it.
+func checkBridge(gwb *guestnetv1.GuestWebhookBridge) Result {
+	ready := fmt.Sprintf(": %d of %d targets bridged", gwb.Status.BridgedTargets, gwb.Status.TotalTargets)
+	return checkConditions(Result{Check: CheckGuestWebhookBridge, Object: gwb.Name}, gwb, gwb.Status.Conditions, gwb.Status.ObservedGeneration, ready,
+		[]string{guestnetv1.ClusterAvailableCondition, guestnetv1.TargetsBridgedCondition, guestnetv1.TargetsReachableCondition,
+			guestnetv1.PortsDeclaredCondition},
+		"docs/guestwebhookbridge.md#conditions-what-each-says-and-what-to-do")
+}

@@ -1,0 +1,79 @@
+package diagnose
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
+
+// State is everything the checks look at, read once (Gather). The checks are pure functions
+// of it.
+type State struct {
+	// Namespace and ClusterName name the CAPI Cluster.
+	Namespace   string
+	ClusterName string
+	Cluster     *clusterv1.Cluster
+
+	// Workers are the cluster's worker MachineDeployments that use KubevirtMachineTemplates,
+	// each with its template analysed against Required (ports.ListWorkers).
+	Workers []ports.Workers
+	// Required is every port the workers must accept (ports.ForCluster); RequiredErr says
+	// why it could not be computed (then Workers are analysed against nothing).
+	Required    ports.Set
+	RequiredErr error
+	// Managed: guestnet manages the cluster's worker ports (a GuestIngress or
+	// GuestWebhookBridge names the cluster, or the Cluster has the extra-worker-ports
+	// annotation).
+	Managed bool
+
+	// Pods, Services and EndpointSlices of the Cluster's namespace. PodsErr is set when the
+	// pods cannot be listed (the identity may not: guestnet's manager never reads pods); the
+	// checks then rely on the EndpointSlices alone.
+	Pods           []corev1.Pod
+	PodsErr        error
+	Services       []corev1.Service
+	EndpointSlices []discoveryv1.EndpointSlice
+
+	// Ingresses and Bridges are the GuestIngresses and GuestWebhookBridges of the cluster.
+	Ingresses []guestnetv1.GuestIngress
+	Bridges   []guestnetv1.GuestWebhookBridge
+
+	// Guest is what was read from the guest; nil when the Cluster is not provisioned (no
+	// guest apiserver to ask).
+	Guest *Guest
+
+	// Probed is true when --probe ran: Probes holds, by target key (bridge.Target.Key), the
+	// probe of every target that goes through a host Service or a url.
+	Probed bool
+	Probes map[string]ProbeOutcome
+}
+
+// Guest is what was read from the guest cluster.
+type Guest struct {
+	// Source names where the guest's kubeconfig came from ("Secret <ns>/<cluster>-kubeconfig").
+	Source string
+	// Err is set when the guest could not be read; nothing else is then.
+	Err error
+	// Version is the guest apiserver's version.
+	Version string
+	// CiliumConfig is the data of kube-system/cilium-config; nil when there is none.
+	CiliumConfig map[string]string
+	// Observed holds every APIService and webhook configuration.
+	Observed bridge.Observed
+	// Services are every Service of the guest (the targets' and the bridges' own).
+	Services []corev1.Service
+	// Agents are the konnectivity agent pods (kube-system, k8s-app=konnectivity-agent).
+	Agents []corev1.Pod
+}
+
+// ProbeOutcome is one probe of a target, from where diagnose runs.
+type ProbeOutcome struct {
+	// Addr is what was dialed, ServerName the name the certificate was checked for.
+	Addr       string
+	ServerName string
+	Result     bridge.ProbeResult
+}
