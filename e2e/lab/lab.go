@@ -139,6 +139,9 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 			return nil, err
 		}
 	}
+	// The lab's clients log through controller-runtime's global logger: into the lab
+	// directory, not onto the demo's or the tests' output.
+	setGlobalLoggerOnce(l.Dir)
 	return l, nil
 }
 

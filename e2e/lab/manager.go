@@ -86,8 +86,6 @@ func RunManagerAs(ctx context.Context, l *Lab, hostConfig *rest.Config, opts man
 	if opts.SyncPeriod == 0 {
 		opts.SyncPeriod = ManagerSyncPeriod
 	}
-	setGlobalLoggerOnce(l.Dir)
-
 	restConfig := rest.CopyConfig(hostConfig)
 	restConfig.UserAgent = manager.Name
 	restConfig.QPS, restConfig.Burst = 100, 200

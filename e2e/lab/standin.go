@@ -38,7 +38,6 @@ func startStandIn(ctx context.Context, l *Lab, name string, cfg *rest.Config, re
 		}
 	}()
 	logger := fileLogger(logFile)
-	setGlobalLoggerOnce(l.Dir) // else controller-runtime complains on stderr
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = name
 	cfg.QPS, cfg.Burst = 100, 200
