@@ -48,7 +48,18 @@ const (
 	DeletingReason = "Deleting"
 	// InternalErrorReason: an unexpected error; the message carries it.
 	InternalErrorReason = "InternalError"
+
+	// GuestGoneReason: the Cluster, or its <cluster>-kubeconfig Secret, is gone for good:
+	// nothing in the guest can be restored any more, so guestnet cleans the host side and
+	// releases its finalizer (an event says what was left in the guest).
+	GuestGoneReason = "GuestGone"
 )
+
+// SkipGuestCleanupAnnotation, set to "true" on a GuestIngress or GuestWebhookBridge that is
+// being deleted, lets an admin give up on an unreachable guest: guestnet stops waiting to
+// restore what it changed in the guest, cleans the host side, releases its finalizer and
+// records in an event what it left in the guest.
+const SkipGuestCleanupAnnotation = "guestnet.addons.cluster.x-k8s.io/skip-guest-cleanup"
 
 // ObjectReference names a namespaced object in the guest cluster.
 type ObjectReference struct {

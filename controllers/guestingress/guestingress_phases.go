@@ -24,6 +24,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
@@ -249,7 +250,7 @@ func (r *Reconciler) reconcileHostObjects(ctx context.Context, s *scope) error {
 
 	// The L2 announcement policy, for Cilium's L2 announcer class only.
 	policyName := ""
-	desiredPolicy, err := ingress.L2Policy(gi)
+	desiredPolicy, err := ingress.L2Policy(gi, policy.Admit(policy.Input{GuestIngress: gi}).Announcement)
 	if err != nil {
 		return err
 	}

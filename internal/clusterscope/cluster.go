@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -55,4 +57,28 @@ func Connect(ctx context.Context, cc clustercache.ClusterCache, obj Object, clus
 		return nil, guestErr
 	}
 	return guestClient, nil
+}
+
+// GuestGone reports whether the guest of a Cluster is gone for good, so that nothing in it
+// can be restored any more: the Cluster does not exist (cluster is nil), is being deleted,
+// or its <cluster>-kubeconfig Secret does not exist. The Secret is read from the apiserver
+// (reader should be uncached): a Secret a cache has not seen yet must not count as gone.
+// why says which, for the event that tells the user what was left in the guest.
+func GuestGone(ctx context.Context, reader client.Reader, namespace, clusterName string, cluster *clusterv1.Cluster) (gone bool, why string, err error) {
+	switch {
+	case cluster == nil:
+		return true, fmt.Sprintf("Cluster %s/%s does not exist", namespace, clusterName), nil
+	case !cluster.DeletionTimestamp.IsZero():
+		return true, fmt.Sprintf("Cluster %s/%s is being deleted", namespace, clusterName), nil
+	}
+	secret := &metav1.PartialObjectMetadata{}
+	secret.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	name := clusterName + "-kubeconfig"
+	if err := reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, fmt.Sprintf("Secret %s/%s, through which guestnet reaches the guest apiserver, does not exist", namespace, name), nil
+		}
+		return false, "", fmt.Errorf("getting Secret %s/%s: %w", namespace, name, err)
+	}
+	return false, "", nil
 }

@@ -175,7 +175,7 @@ func TestL2Policy(t *testing.T) {
 			wantSpec: map[string]any{"serviceSelector": selector, "loadBalancerIPs": true},
 		},
 		{
-			name: "interfaces and node selector from spec.loadBalancer.l2",
+			name: "interfaces and node selector of the announcement",
 			lb: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220", L2: &guestnetv1.L2AnnouncementSpec{
 				Interfaces: []string{"^eth0$"},
 				NodeSelector: &metav1.LabelSelector{
@@ -197,7 +197,11 @@ func TestL2Policy(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			policy, err := L2Policy(newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = tt.lb }))
+			var a Announcement
+			if l2 := tt.lb.L2; l2 != nil {
+				a = Announcement{Interfaces: l2.Interfaces, NodeSelector: l2.NodeSelector}
+			}
+			policy, err := L2Policy(newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = tt.lb }), a)
 			g.Expect(err).NotTo(HaveOccurred())
 			if tt.wantSpec == nil {
 				g.Expect(policy).To(BeNil())

@@ -115,11 +115,21 @@ func Pool(gi *guestnetv1.GuestIngress) *unstructured.Unstructured {
 	return u
 }
 
+// Announcement is where an admitted GuestIngress's IP is announced from: the host interface
+// regular expressions and the host node selector, as the admitting GuestIngressPolicy
+// bounds them (internal/policy decides it; the builders only apply it).
+type Announcement struct {
+	// Interfaces are regular expressions of host interface names; never empty for an
+	// admitted GuestIngress of the L2 announcer class.
+	Interfaces []string
+	// NodeSelector selects the announcing host nodes; nil selects every node.
+	NodeSelector *metav1.LabelSelector
+}
+
 // L2Policy is the CiliumL2AnnouncementPolicy guestnet applies for gi, nil when the host
 // Service's class is not Cilium's L2 announcer. It announces the Service's load-balancer
-// IPs from the nodes and interfaces of spec.loadBalancer.l2 (every node and interface when
-// unset).
-func L2Policy(gi *guestnetv1.GuestIngress) (*unstructured.Unstructured, error) {
+// IPs from the nodes and interfaces of the admitted announcement a.
+func L2Policy(gi *guestnetv1.GuestIngress, a Announcement) (*unstructured.Unstructured, error) {
 	if !AnnouncesL2(gi) {
 		return nil, nil
 	}
@@ -127,22 +137,20 @@ func L2Policy(gi *guestnetv1.GuestIngress) (*unstructured.Unstructured, error) {
 		"serviceSelector": ServiceSelector(gi),
 		"loadBalancerIPs": true,
 	}
-	if l2 := gi.Spec.LoadBalancer.L2; l2 != nil {
-		if len(l2.Interfaces) > 0 {
-			interfaces := make([]any, len(l2.Interfaces))
-			for i, s := range l2.Interfaces {
-				interfaces[i] = s
-			}
-			spec["interfaces"] = interfaces
+	if len(a.Interfaces) > 0 {
+		interfaces := make([]any, len(a.Interfaces))
+		for i, s := range a.Interfaces {
+			interfaces[i] = s
 		}
-		if l2.NodeSelector != nil {
-			sel, err := runtime.DefaultUnstructuredConverter.ToUnstructured(l2.NodeSelector)
-			if err != nil {
-				return nil, fmt.Errorf("converting spec.loadBalancer.l2.nodeSelector: %w", err)
-			}
-			if len(sel) > 0 {
-				spec["nodeSelector"] = sel
-			}
+		spec["interfaces"] = interfaces
+	}
+	if a.NodeSelector != nil {
+		sel, err := runtime.DefaultUnstructuredConverter.ToUnstructured(a.NodeSelector)
+		if err != nil {
+			return nil, fmt.Errorf("converting the announcement's nodeSelector: %w", err)
+		}
+		if len(sel) > 0 {
+			spec["nodeSelector"] = sel
 		}
 	}
 	u := hostObject(L2PolicyGVK, hostnames.L2Policy(gi), gi)
