@@ -88,7 +88,22 @@ const (
 	// TemplateRevisionAnnotation forces new worker templates (and so a rollout of the workers)
 	// for changes that no declared port captures: guestnet puts its value in the content hash
 	// of the templates it generates. Change it to any new value to roll the workers.
+	// guestnet also writes it on the templates it generates and on the MachineDeployments it
+	// repoints: there it records the revision that was rolled out, so each MachineDeployment
+	// is rolled once per revision (a repoint by someone else does not undo that).
 	TemplateRevisionAnnotation = "guestnet.addons.cluster.x-k8s.io/template-revision"
+)
+
+// Marks guestnet writes on the MachineDeployments it repoints, in the same patch as the repoint.
+const (
+	// RepointedFromAnnotation names the user's KubevirtMachineTemplate that guestnet last
+	// replaced on the MachineDeployment with a copy (directly, or through an earlier copy of
+	// it). guestnet never points a MachineDeployment back at a template it replaced: when the
+	// MachineDeployment names that template again and it still lacks required ports, someone
+	// else set it back (a GitOps tool re-applying its source), and guestnet stops repointing
+	// instead of fighting (reason RepointReverted). Remove the annotation to let guestnet
+	// repoint once more.
+	RepointedFromAnnotation = "guestnet.addons.cluster.x-k8s.io/repointed-from"
 )
 
 // Marks on the KubevirtMachineTemplates guestnet generates.
@@ -128,4 +143,13 @@ const (
 	NoWorkersReason = "NoWorkers"
 	// WorkerTemplateErrorReason: a worker template is missing or cannot be read.
 	WorkerTemplateErrorReason = "WorkerTemplateError"
+	// RepointRevertedReason: after guestnet repointed a MachineDeployment at a copy that
+	// declares the ports, another field manager (named in the message) set it back to the
+	// template that lacks them. guestnet stops repointing it; the message gives the ports list
+	// to declare in the template's source.
+	RepointRevertedReason = "RepointReverted"
+	// TemplateNameTakenReason: an object guestnet did not write (other content, or not
+	// labelled for this Cluster) holds the name of the copy guestnet would create; guestnet
+	// does not adopt it and does not repoint.
+	TemplateNameTakenReason = "TemplateNameTaken"
 )

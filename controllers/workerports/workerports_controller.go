@@ -6,9 +6,13 @@
 // VM is created, CAPK rejects in-place template edits, and CAPI rolls workers only when a
 // MachineDeployment points at a template with a new name. So, per Cluster, this controller
 // computes the required port set (internal/ports.ForCluster) and, for every worker
-// MachineDeployment whose template's ports list lacks some of it, creates a copy named
-// <base>-<content hash> that declares them and repoints the MachineDeployment: CAPI then
-// rolls the workers with its own rollout strategy.
+// MachineDeployment whose template's ports list lacks some of it, creates a copy of its own
+// for the Cluster, named after the content hash, that declares them and repoints the
+// MachineDeployment: CAPI then rolls the workers with its own rollout strategy. What to do
+// about each MachineDeployment is planned in internal/ports (ports.Plan), which the
+// PortsDeclared conditions and diagnose report from: this controller only applies the plan.
+// It does not fight other writers: a repoint someone else reverted is left as it is, and an
+// object it did not write is never adopted (docs/worker-ports.md, Invariants).
 //
 // It is the only writer of worker templates and MachineDeployments in guestnet: GuestIngress
 // and GuestWebhookBridge only read the result (their PortsDeclared condition), so they never
@@ -20,8 +24,10 @@ package workerports
 import (
 	"context"
 	"errors"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -62,8 +68,10 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller: it reconciles Clusters, and is woken by the
-// guestnet objects that add requirements, by the cluster's MachineDeployments (a rollout
-// finishing lets the next declaration through) and by the guest's cilium-config.
+// guestnet objects that add requirements, by the cluster's MachineDeployments (a repoint by
+// someone else is followed at once; a rollout finishing lets the next declaration through),
+// by the KubevirtMachineTemplates they reference (a MachineDeployment pointed at a template
+// created after it) and by the guest's cilium-config.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.APIReader == nil || r.ClusterCache == nil {
 		return errors.New("workerports: Client, APIReader and ClusterCache must not be nil")
@@ -75,6 +83,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
 		Watches(&guestnetv1.GuestWebhookBridge{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
 		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToCluster)).
+		// Metadata only: the templates themselves are read when a Cluster is reconciled.
+		Watches(templateMetadata(), handler.EnqueueRequestsFromMapFunc(r.templateToClusters)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, func(_ context.Context, o client.Object) []ctrl.Request {
 			return []ctrl.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
 		})).
@@ -164,6 +174,34 @@ func objectToCluster(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
 	}
 	return nil
+}
+
+func templateMetadata() *metav1.PartialObjectMetadata {
+	tmpl := &metav1.PartialObjectMetadata{}
+	tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+	return tmpl
+}
+
+// templateToClusters maps a KubevirtMachineTemplate to the Clusters whose MachineDeployments
+// reference it.
+func (r *Reconciler) templateToClusters(ctx context.Context, o client.Object) []reconcile.Request {
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := r.Client.List(ctx, mds, client.InNamespace(o.GetNamespace())); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing the MachineDeployments that may reference a KubevirtMachineTemplate", "KubevirtMachineTemplate", klog.KObj(o))
+		return nil
+	}
+	var out []reconcile.Request
+	for _, md := range mds.Items {
+		ref := md.Spec.Template.Spec.InfrastructureRef
+		if ref.Name != o.GetName() || ref.Kind != ports.KubevirtMachineTemplateGVK.Kind || md.Spec.ClusterName == "" {
+			continue
+		}
+		req := reconcile.Request{NamespacedName: client.ObjectKey{Namespace: md.Namespace, Name: md.Spec.ClusterName}}
+		if !slices.Contains(out, req) {
+			out = append(out, req)
+		}
+	}
+	return out
 }
 
 func machineDeploymentToCluster(_ context.Context, o client.Object) []reconcile.Request {

@@ -52,7 +52,8 @@ const (
 // The bridge every test uses as the consumer of ports: 32700-32701/TCP.
 var bridgePorts = []int32{32700, 32701}
 
-// Missing ports create exactly one new template, named <base>-<hash>, that declares them, and
+// Missing ports create exactly one new template, named <base>-<hash> (the base starts with the
+// Cluster's name), that declares them, and
 // the MachineDeployment is repointed at it; the user's template is never changed; a second
 // reconcile writes nothing.
 func TestDeclaresMissingPortsWithOneNewTemplate(t *testing.T) {
@@ -197,6 +198,18 @@ var ciliumConfigOnce sync.Once
 // settled) using a template with tmpl's ports, and starts a manager with the worker ports and
 // GuestWebhookBridge controllers for it.
 func newEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
+	e := newEnvWithoutManager(t, tmpl, mutateMD...)
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+		if err := manager.SetupWorkerPorts(ctx, mgr, cc, o); err != nil {
+			return err
+		}
+		return manager.SetupGuestWebhookBridge(ctx, mgr, cc, o)
+	})
+	return e
+}
+
+// newEnvWithoutManager is newEnv for tests that run managers of their own.
+func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
 	t.Parallel()
 	l := controllertest.Lab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -224,12 +237,6 @@ func newEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clus
 		e.g.Expect(l.Host.Client.Update(ctx, md)).To(Succeed())
 	}
 	e.settleRollout(2)
-	lab.StartManager(t, l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
-		if err := manager.SetupWorkerPorts(ctx, mgr, cc, o); err != nil {
-			return err
-		}
-		return manager.SetupGuestWebhookBridge(ctx, mgr, cc, o)
-	})
 	return e
 }
 

@@ -14,57 +14,101 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
-// declarePorts gives every worker MachineDeployment a template that declares the required
-// ports. A MachineDeployment still rolling out is left alone until it is done: one rollout
-// at a time, at the pace of CAPI's own rollout strategy.
+// declarePorts applies the plan internal/ports made for every worker MachineDeployment:
+// create the copy that declares the ports (unless it exists as guestnet writes it) and
+// repoint the MachineDeployment at it. A plan that waits (guestnet's own rollout still
+// running) or refuses (a reverted repoint, a name taken by an object guestnet did not write)
+// writes nothing; the PortsDeclared conditions say why and what to do.
 func (r *Reconciler) declarePorts(ctx context.Context, s *scope) error {
-	revision := s.cluster.Annotations[guestnetv1.TemplateRevisionAnnotation]
-	for _, w := range s.workers {
-		if !needsNewTemplate(w, revision) {
-			continue
-		}
+	log := ctrl.LoggerFrom(ctx)
+	for i := range s.workers {
+		w := &s.workers[i]
 		md := w.MachineDeployment
-		if rolling, upToDate, desired := w.RollingOut(); rolling {
-			ctrl.LoggerFrom(ctx).Info("Waiting for the rollout to finish before declaring more ports",
+		switch w.Plan.Action {
+		case ports.Repoint:
+			if err := r.repoint(ctx, s, w); err != nil {
+				return err
+			}
+		case ports.WaitForRollout:
+			_, upToDate, desired := w.RollingOut()
+			log.Info("Waiting for the rollout to finish before declaring more ports",
 				"MachineDeployment", md.Name, "upToDate", upToDate, "desired", desired)
-			continue
+		case ports.Reverted:
+			log.Info("Not repointing: the MachineDeployment was set back to the template guestnet had replaced",
+				"MachineDeployment", md.Name, "template", w.Template.GetName(), "by", w.Plan.RevertedBy)
+			r.recorder.Eventf(s.cluster, md, corev1.EventTypeWarning, guestnetv1.RepointRevertedReason, "DeclarePorts",
+				"MachineDeployment %s was set back to KubevirtMachineTemplate %s by %s after guestnet repointed it: guestnet no longer repoints it; %s",
+				md.Name, w.Template.GetName(), w.Plan.RevertedByText(), w.SourcePorts())
+		case ports.NameTaken:
+			log.Info("Not adopting the object that holds the name of the copy", "MachineDeployment", md.Name, "conflict", w.Plan.Conflict)
+			r.recorder.Eventf(s.cluster, md, corev1.EventTypeWarning, guestnetv1.TemplateNameTakenReason, "DeclarePorts", "%s", w.Plan.Conflict)
 		}
-		tmpl, err := ports.Declare(w.Template, w.Analysis.Missing, s.cluster.Name, revision)
-		if err != nil {
-			return err
-		}
-		if err := r.Client.Create(ctx, tmpl); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
-		}
-		before := md.DeepCopy()
-		md.Spec.Template.Spec.InfrastructureRef.Name = tmpl.GetName()
-		if err := r.Client.Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-			return fmt.Errorf("repointing MachineDeployment %s at KubevirtMachineTemplate %s: %w", md.Name, tmpl.GetName(), err)
-		}
-		note := fmt.Sprintf("MachineDeployment %s now uses KubevirtMachineTemplate %s (was %s), which declares %s; CAPI rolls the workers",
-			md.Name, tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, revision))
-		ctrl.LoggerFrom(ctx).Info(note)
-		r.recorder.Eventf(s.cluster, md, corev1.EventTypeNormal, "WorkerPortsDeclared", "DeclarePorts", note)
 	}
 	return nil
 }
 
-// needsNewTemplate: the template keeps a ports list (masquerade) that lacks required ports,
-// or was generated for another template revision than the Cluster asks for.
-func needsNewTemplate(w ports.Workers, revision string) bool {
-	if w.TemplateErr != nil || w.TopologyOwned() {
-		return false
+// repoint creates the copy w's plan names (unless it exists as guestnet writes it) and points
+// the MachineDeployment at it, recording in the same patch the user's template it replaced
+// and the revision it rolls out. The patch carries the resourceVersion read: a MachineDeployment
+// changed since (by a user, a GitOps tool, CAPI) is not overwritten; the change brings the
+// next reconcile.
+func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) error {
+	md, tmpl := w.MachineDeployment, w.Plan.Template
+	if !w.Plan.Exists {
+		err := r.Client.Create(ctx, tmpl, client.FieldOwner(hostnames.FieldManager))
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			// The cache had not seen it: decide on what the API server holds.
+			if conflict := r.adoptable(ctx, tmpl, s.cluster.Name); conflict != nil {
+				ctrl.LoggerFrom(ctx).Info("Not adopting the object that holds the name of the copy", "MachineDeployment", md.Name, "conflict", conflict.Error())
+				r.recorder.Eventf(s.cluster, md, corev1.EventTypeWarning, guestnetv1.TemplateNameTakenReason, "DeclarePorts", "%s", conflict.Error())
+				return nil
+			}
+		case err != nil:
+			return fmt.Errorf("creating KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
+		default:
+			note := fmt.Sprintf("Created KubevirtMachineTemplate %s: a copy of %s that declares %s", tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))
+			ctrl.LoggerFrom(ctx).Info(note)
+			r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateCreated", "DeclarePorts", note)
+		}
 	}
-	switch w.Analysis.State {
-	case ports.PortsMissing:
-		return true
-	case ports.PortsDeclared:
-		return ports.Revision(w.Template) != revision
+
+	before := md.DeepCopy()
+	md.Spec.Template.Spec.InfrastructureRef.Name = tmpl.GetName()
+	if md.Annotations == nil {
+		md.Annotations = map[string]string{}
 	}
-	return false
+	// The user's template, also when this replaces an earlier copy: a source that sets it
+	// back is then recognised after any number of copies.
+	md.Annotations[guestnetv1.RepointedFromAnnotation] = ports.BaseName(w.Template)
+	if w.Plan.Revision != "" {
+		md.Annotations[guestnetv1.TemplateRevisionAnnotation] = w.Plan.Revision
+	} else {
+		delete(md.Annotations, guestnetv1.TemplateRevisionAnnotation)
+	}
+	if err := r.Client.Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}), client.FieldOwner(hostnames.FieldManager)); err != nil {
+		return fmt.Errorf("repointing MachineDeployment %s at KubevirtMachineTemplate %s: %w", md.Name, tmpl.GetName(), err)
+	}
+	note := fmt.Sprintf("MachineDeployment %s now uses KubevirtMachineTemplate %s (was %s), which declares %s; CAPI rolls the workers",
+		md.Name, tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))
+	ctrl.LoggerFrom(ctx).Info(note)
+	r.recorder.Eventf(s.cluster, md, corev1.EventTypeNormal, "WorkerPortsDeclared", "DeclarePorts", note)
+	return nil
+}
+
+// adoptable reads the object holding the copy's name from the API server and says whether it
+// is the copy guestnet writes (ports.Adoptable).
+func (r *Reconciler) adoptable(ctx context.Context, desired *unstructured.Unstructured, cluster string) error {
+	existing := &unstructured.Unstructured{}
+	existing.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(desired), existing); err != nil {
+		return fmt.Errorf("reading KubevirtMachineTemplate %s: %w", desired.GetName(), err)
+	}
+	return ports.Adoptable(existing, desired, cluster)
 }
 
 func describeChange(missing ports.Set, revision string) string {
@@ -75,67 +119,76 @@ func describeChange(missing ports.Set, revision string) string {
 }
 
 // deleteUnusedTemplates deletes the templates guestnet generated for the cluster that no
-// MachineDeployment or MachineSet references any more (an old MachineSet keeps its template
-// until CAPI deletes it). The cache may not have seen a MachineDeployment this reconcile just
-// repointed, so candidates are checked again against the API server before anything is deleted.
+// MachineDeployment or MachineSet of the namespace references any more, whichever Cluster
+// they belong to (an old MachineSet keeps its template until CAPI deletes it). What the
+// cluster's own workers reference (from the cache) only preselects candidates; whether a
+// candidate is referenced is read from the API server, which has seen every repoint, this
+// reconcile's included.
 func (r *Reconciler) deleteUnusedTemplates(ctx context.Context, s *scope) error {
 	generated := &unstructured.UnstructuredList{}
 	generated.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind(ports.KubevirtMachineTemplateGVK.Kind + "List"))
 	if err := r.Client.List(ctx, generated, client.InNamespace(s.cluster.Namespace), client.MatchingLabels{guestnetv1.GeneratedTemplateLabel: s.cluster.Name}); err != nil {
 		return err
 	}
-	if len(generated.Items) == 0 {
+	inUse := sets.New[string]()
+	for _, w := range s.workers {
+		inUse.Insert(w.MachineDeployment.Spec.Template.Spec.InfrastructureRef.Name)
+	}
+	var candidates []unstructured.Unstructured
+	for _, tmpl := range generated.Items {
+		if !inUse.Has(tmpl.GetName()) {
+			candidates = append(candidates, tmpl)
+		}
+	}
+	if len(candidates) == 0 {
 		return nil
 	}
-	used, err := templatesInUse(ctx, r.Client, s.cluster)
+	referenced, err := templatesReferenced(ctx, r.APIReader, s.cluster.Namespace)
 	if err != nil {
 		return err
 	}
-	var unused []unstructured.Unstructured
-	for _, tmpl := range generated.Items {
-		if !used.Has(tmpl.GetName()) {
-			unused = append(unused, tmpl)
-		}
-	}
-	if len(unused) == 0 {
-		return nil
-	}
-	if used, err = templatesInUse(ctx, r.APIReader, s.cluster); err != nil {
-		return err
-	}
-	for i := range unused {
-		tmpl := &unused[i]
-		if used.Has(tmpl.GetName()) {
+	for i := range candidates {
+		tmpl := &candidates[i]
+		if referenced.Has(tmpl.GetName()) {
 			continue
 		}
 		uid := tmpl.GetUID()
 		if err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
 		}
-		r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateDeleted", "DeclarePorts",
-			"Deleted KubevirtMachineTemplate %s: guestnet generated it and nothing uses it any more", tmpl.GetName())
+		note := fmt.Sprintf("Deleted KubevirtMachineTemplate %s: guestnet generated it and no MachineDeployment or MachineSet references it any more", tmpl.GetName())
+		ctrl.LoggerFrom(ctx).Info(note)
+		r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateDeleted", "DeclarePorts", note)
 	}
 	return nil
 }
 
-// templatesInUse names the infrastructure templates the cluster's MachineDeployments and
-// MachineSets reference, as c sees them.
-func templatesInUse(ctx context.Context, c client.Reader, cluster *clusterv1.Cluster) (sets.Set[string], error) {
-	inCluster := []client.ListOption{client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}}
+// templatesReferenced names the KubevirtMachineTemplates that the MachineDeployments and
+// MachineSets of namespace reference, as c sees them, whichever Cluster they belong to.
+func templatesReferenced(ctx context.Context, c client.Reader, namespace string) (sets.Set[string], error) {
 	used := sets.New[string]()
 	mds := &clusterv1.MachineDeploymentList{}
-	if err := c.List(ctx, mds, inCluster...); err != nil {
+	if err := c.List(ctx, mds, client.InNamespace(namespace)); err != nil {
 		return nil, err
 	}
 	for _, md := range mds.Items {
-		used.Insert(md.Spec.Template.Spec.InfrastructureRef.Name)
+		used.Insert(templateName(md.Spec.Template.Spec.InfrastructureRef))
 	}
 	machineSets := &clusterv1.MachineSetList{}
-	if err := c.List(ctx, machineSets, inCluster...); err != nil {
+	if err := c.List(ctx, machineSets, client.InNamespace(namespace)); err != nil {
 		return nil, err
 	}
 	for _, ms := range machineSets.Items {
-		used.Insert(ms.Spec.Template.Spec.InfrastructureRef.Name)
+		used.Insert(templateName(ms.Spec.Template.Spec.InfrastructureRef))
 	}
+	used.Delete("")
 	return used, nil
+}
+
+// templateName is the name ref gives when it references a KubevirtMachineTemplate.
+func templateName(ref clusterv1.ContractVersionedObjectReference) string {
+	if ref.Kind != ports.KubevirtMachineTemplateGVK.Kind || ref.APIGroup != ports.KubevirtMachineTemplateGVK.Group {
+		return ""
+	}
+	return ref.Name
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
@@ -342,6 +343,15 @@ func checkPorts(s *State) []Result {
 			r.Verdict, r.Runbook = Fail, rbUndeclaredPort
 			r.Detail = fmt.Sprintf("KubevirtMachineTemplate %s lacks %s: KubeVirt's masquerade drops these ports silently", w.Template.GetName(), describeRequirements(w.Analysis.Missing))
 			r.Fix = missingPortsFix(s, w)
+			switch w.Plan.Action {
+			case ports.Reverted:
+				r.Runbook = rbRepointStopped
+				r.Detail += fmt.Sprintf("; %s set the MachineDeployment back to it after guestnet had repointed it at a copy that declares them, so guestnet no longer repoints it",
+					w.Plan.RevertedByText())
+			case ports.NameTaken:
+				r.Runbook = rbRepointStopped
+				r.Detail += "; guestnet does not adopt the object that holds the name of its copy: " + w.Plan.Conflict
+			}
 		default:
 			if rolling, upToDate, desired := w.RollingOut(); rolling {
 				r.Verdict, r.Runbook = Warn, rbWorkerRollout
@@ -363,13 +373,25 @@ func missingPortsFix(s *State, w ports.Workers) string {
 	case w.TopologyOwned():
 		all := s.Required.Union(declaredSet(w.Analysis.Declared))
 		return fmt.Sprintf("guestnet never edits topology-managed workers: set the Cluster topology variable guestnet to %s", ports.TopologyValue(all.Ports()))
+	case s.Managed && w.Plan.Action == ports.Reverted:
+		return "declare the ports in the template's source (the repository " + w.Plan.RevertedByText() + " applies): " + w.SourcePorts() +
+			"; or, to let guestnet repoint once more, remove the MachineDeployment's annotation " + guestnetv1.RepointedFromAnnotation
+	case s.Managed && w.Plan.Action == ports.NameTaken:
+		return "delete or rename that object, or declare the ports in the template's source: " + w.SourcePorts()
+	case s.Managed && w.Plan.Action == ports.WaitForRollout:
+		return fmt.Sprintf("guestnet declares them in a new copy once CAPI has rolled the workers to this one: wait for the rollout (kubectl get machinedeployment %s -n %s)",
+			w.MachineDeployment.Name, s.Namespace)
 	case s.Managed:
 		return "guestnet creates a KubevirtMachineTemplate <base>-<hash> that declares them and repoints the MachineDeployment, then CAPI rolls the workers; " +
 			"if the MachineDeployment still points at this template after a minute, " + fixManager
 	default:
-		return "guestnet does not manage this cluster's workers (no GuestIngress or GuestWebhookBridge names it): create a new KubevirtMachineTemplate that declares them " +
+		fix := "guestnet does not manage this cluster's workers (no GuestIngress or GuestWebhookBridge names it): create a new KubevirtMachineTemplate that declares them " +
 			"and point the MachineDeployment at it (templates cannot be edited in place), or add the ports to the Cluster annotation " +
 			"guestnet.addons.cluster.x-k8s.io/extra-worker-ports to have guestnet do it"
+		if source := w.SourcePorts(); source != "" {
+			fix += "; in the new template, " + source
+		}
+		return fix
 	}
 }
 

@@ -48,8 +48,11 @@ func conditionRunbook(c *metav1.Condition) string {
 	case guestnetv1.EndpointsReadyCondition:
 		return rbNoEndpoints
 	case guestnetv1.PortsDeclaredCondition:
-		if c.Reason == guestnetv1.RollingOutReason {
+		switch c.Reason {
+		case guestnetv1.RollingOutReason:
 			return rbWorkerRollout
+		case guestnetv1.RepointRevertedReason, guestnetv1.TemplateNameTakenReason:
+			return rbRepointStopped
 		}
 		return rbUndeclaredPort
 	case guestnetv1.TargetsReachableCondition:

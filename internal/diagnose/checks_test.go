@@ -2,6 +2,7 @@ package diagnose
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -182,6 +183,45 @@ func TestDiagnose_Ports(t *testing.T) {
 		w.MachineDeployment.Labels = map[string]string{clusterv1.ClusterTopologyOwnedLabel: ""}
 		s.Workers = []ports.Workers{w}
 		g.Expect(checkPorts(s)[0].Fix).To(ContainSubstring(`set the Cluster topology variable guestnet to {"workerPorts":[{"port":22,"protocol":"TCP"},{"port":10250,"protocol":"TCP"}`))
+	})
+	// The exact ports list to declare in the source, when guestnet stopped repointing.
+	stopped := func(t *testing.T, plan ports.Plan) (*State, Result) {
+		s := healthy(t)
+		w := workers(t, []ports.Port{ports.TCP(22)}, s.Required)
+		copyOf, err := ports.Declare(w.Template, w.Analysis.Missing, clusterName, "")
+		NewWithT(t).Expect(err).NotTo(HaveOccurred())
+		plan.Template = copyOf
+		w.Plan = plan
+		s.Workers = []ports.Workers{w}
+		return s, checkPorts(s)[0]
+	}
+	list := `[{"port":22,"protocol":"TCP"},{"port":10250,"protocol":"TCP"}`
+	for p := 30064; p <= 30079; p++ { // the bridge's range
+		list += fmt.Sprintf(`,{"port":%d,"protocol":"TCP"}`, p)
+	}
+	list += `,{"port":30080,"protocol":"TCP"},{"port":30443,"protocol":"TCP"}]`
+	wantList := "set the ports of interface default (spec.template.spec.virtualMachineTemplate.spec.template.spec.domain.devices.interfaces) of KubevirtMachineTemplate tenant-a-md-0 to " + list
+	t.Run("repoint reverted by a GitOps tool", func(t *testing.T) {
+		g := NewWithT(t)
+		_, r := stopped(t, ports.Plan{Action: ports.Reverted, RevertedBy: []string{"kustomize-controller"}})
+		g.Expect(r.Verdict).To(Equal(Fail))
+		g.Expect(r.Detail).To(ContainSubstring("field manager kustomize-controller set the MachineDeployment back to it"))
+		g.Expect(r.Fix).To(HavePrefix("declare the ports in the template's source (the repository field manager kustomize-controller applies): " + wantList))
+		g.Expect(r.Fix).To(ContainSubstring("remove the MachineDeployment's annotation " + guestnetv1.RepointedFromAnnotation))
+		g.Expect(r.Runbook).To(Equal(rbRepointStopped))
+	})
+	t.Run("the copy's name is taken", func(t *testing.T) {
+		g := NewWithT(t)
+		_, r := stopped(t, ports.Plan{Action: ports.NameTaken, Conflict: "KubevirtMachineTemplate x already exists with another spec than the copy guestnet would write"})
+		g.Expect(r.Detail).To(ContainSubstring("does not adopt the object that holds the name of its copy: KubevirtMachineTemplate x already exists"))
+		g.Expect(r.Fix).To(ContainSubstring(wantList))
+		g.Expect(r.Runbook).To(Equal(rbRepointStopped))
+	})
+	t.Run("not managed: the list for a new template", func(t *testing.T) {
+		g := NewWithT(t)
+		s, _ := stopped(t, ports.Plan{Action: ports.Repoint})
+		s.Managed = false
+		g.Expect(checkPorts(s)[0].Fix).To(ContainSubstring("; in the new template, " + wantList))
 	})
 	t.Run("rolling out", func(t *testing.T) {
 		g := NewWithT(t)

@@ -13,6 +13,7 @@ const (
 	rbTunnelPort          = runbookDoc + "#ingress-tunnel-port"
 	rbNoIP                = runbookDoc + "#ingress-no-ip"
 	rbWorkerRollout       = runbookDoc + "#worker-rollout"
+	rbRepointStopped      = runbookDoc + "#worker-repoint-stopped"
 	rbAPIServiceAvailable = runbookDoc + "#apiservice-unavailable"
 	rbWebhookFailed       = runbookDoc + "#webhook-failed-calling"
 	rbTLS                 = runbookDoc + "#tls-name-mismatch"

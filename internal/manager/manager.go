@@ -33,6 +33,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // Name is the user agent of every client and the prefix of the leader election lease.
@@ -67,7 +68,8 @@ type Options struct {
 }
 
 // CacheOptions restricts what the manager caches: one namespace when WatchNamespace is set,
-// no managed fields but guestnet's own (see KeepOwnManagedFields), only the Secrets that
+// no managed fields but guestnet's own (see KeepOwnManagedFields; on MachineDeployments also
+// who owns the infrastructureRef, ports.KeepInfrastructureRefOwners), only the Secrets that
 // belong to a Cluster (label cluster.x-k8s.io/cluster-name, as CAPI's own manager does) with
 // their data dropped unless they are the <cluster>-kubeconfig Secrets the ClusterCache needs,
 // and only the Services and EndpointSlices guestnet created (label
@@ -94,6 +96,8 @@ func (o Options) CacheOptions() ctrlcache.Options {
 			},
 			&corev1.Service{}:            {Label: ours},
 			&discoveryv1.EndpointSlice{}: {Label: ours},
+			// Who set a MachineDeployment's template, to name a GitOps tool that reverts it.
+			&clusterv1.MachineDeployment{}: {Transform: ports.KeepInfrastructureRefOwners},
 		},
 	}
 }

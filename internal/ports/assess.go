@@ -96,6 +96,9 @@ type Workers struct {
 	Template    *unstructured.Unstructured
 	TemplateErr error
 	Analysis    Analysis
+	// Plan is what guestnet does about it (the workerports controller applies it; the
+	// PortsDeclared conditions and diagnose report it).
+	Plan Plan
 }
 
 // TopologyOwned reports whether the MachineDeployment belongs to a ClusterClass topology:
@@ -118,8 +121,9 @@ func (w *Workers) RollingOut() (rolling bool, upToDate, desired int32) {
 	return rolling, upToDate, desired
 }
 
-// ListWorkers reads the cluster's MachineDeployments that use KubevirtMachineTemplates, and
-// analyses each template against required.
+// ListWorkers reads the cluster's MachineDeployments that use KubevirtMachineTemplates,
+// analyses each template against required, and plans what guestnet does about each (no plan
+// when required is empty: nothing is known to be required).
 func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster, required Set) ([]Workers, error) {
 	mds := &clusterv1.MachineDeploymentList{}
 	if err := host.List(ctx, mds, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
@@ -144,6 +148,12 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 			w.Template = tmpl
 			if w.Analysis, err = Analyze(tmpl, required); err != nil {
 				w.TemplateErr = err
+			}
+		}
+		w.Plan = Plan{Action: NoAction}
+		if len(required) > 0 {
+			if err := planWorkers(ctx, host, &w, cluster); err != nil {
+				return nil, err
 			}
 		}
 		out = append(out, w)
@@ -189,7 +199,7 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 		return c
 	}
 
-	var templateErrs, missing, topology, rolling, forwarded, notMasquerade []string
+	var templateErrs, missing, topology, reverted, taken, rolling, forwarded, notMasquerade []string
 	for _, w := range workers {
 		md := w.MachineDeployment.Name
 		switch {
@@ -216,8 +226,24 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 					md, w.Template.GetName(), lacking, TopologyValue(all.Ports())))
 				continue
 			}
-			missing = append(missing, fmt.Sprintf("KubevirtMachineTemplate %s (MachineDeployment %s) lacks %s: guestnet is creating a copy that declares them and repointing the MachineDeployment, then CAPI rolls the workers",
-				w.Template.GetName(), md, lacking))
+			switch w.Plan.Action {
+			case Reverted:
+				reverted = append(reverted, fmt.Sprintf("MachineDeployment %s was set back to KubevirtMachineTemplate %s, which lacks %s, by %s after guestnet had repointed it at a copy that declares them; "+
+					"guestnet does not fight that writer (a GitOps tool re-applying its source would roll the workers twice, forever) and no longer repoints this MachineDeployment: "+
+					"declare the ports in the template's source: %s (manager diagnose prints it too)",
+					md, w.Template.GetName(), lacking, w.Plan.RevertedByText(), w.SourcePorts()))
+			case NameTaken:
+				taken = append(taken, fmt.Sprintf("KubevirtMachineTemplate %s (MachineDeployment %s) lacks %s, and guestnet does not adopt the object that holds the name of its copy: %s; "+
+					"delete or rename that object, or declare the ports in the template's source: %s",
+					w.Template.GetName(), md, lacking, w.Plan.Conflict, w.SourcePorts()))
+			case WaitForRollout:
+				_, upToDate, desired := w.RollingOut()
+				missing = append(missing, fmt.Sprintf("KubevirtMachineTemplate %s (MachineDeployment %s) lacks %s: guestnet declares them in a new copy once CAPI has rolled the workers to this one (%d of %d workers run it)",
+					w.Template.GetName(), md, lacking, upToDate, desired))
+			default:
+				missing = append(missing, fmt.Sprintf("KubevirtMachineTemplate %s (MachineDeployment %s) lacks %s: guestnet is creating a copy that declares them and repointing the MachineDeployment, then CAPI rolls the workers",
+					w.Template.GetName(), md, lacking))
+			}
 		}
 	}
 	switch {
@@ -225,6 +251,10 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 		c.Reason, c.Message = guestnetv1.WorkerTemplateErrorReason, strings.Join(templateErrs, "; ")
 	case len(topology) > 0:
 		c.Reason, c.Message = guestnetv1.TopologyVariableRequiredReason, strings.Join(topology, "; ")
+	case len(reverted) > 0:
+		c.Reason, c.Message = guestnetv1.RepointRevertedReason, strings.Join(reverted, "; ")
+	case len(taken) > 0:
+		c.Reason, c.Message = guestnetv1.TemplateNameTakenReason, strings.Join(taken, "; ")
 	case len(missing) > 0:
 		c.Reason, c.Message = guestnetv1.PortsMissingReason, strings.Join(missing, "; ")
 	case len(rolling) > 0:

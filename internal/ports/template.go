@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +17,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
 
 // KubevirtMachineTemplateGVK is CAPK's worker template. CAPK's Go module cannot be imported
@@ -147,10 +149,12 @@ func Revision(tmpl metav1.Object) string {
 }
 
 // Declare returns a new KubevirtMachineTemplate: a copy of tmpl whose pod network interface
-// also lists the missing ports, named <base>-<hash of its spec and revision>, with tmpl's
-// labels, annotations and owner references, marked as generated for cluster. The same
-// content always gives the same name, so reconciling twice creates nothing new. tmpl itself
-// is never changed: CAPK rejects in-place edits, and CAPI rolls workers only to a new name.
+// also lists the missing ports, named for cluster (GeneratedName) with a hash of its spec,
+// the revision and the cluster, with tmpl's labels, annotations and owner references, marked
+// as generated for cluster. The same content for the same cluster always gives the same
+// name, so reconciling twice creates nothing new; two clusters never get the same name, so
+// no cluster ever adopts, uses or deletes another's copy. tmpl itself is never changed: CAPK
+// rejects in-place edits, and CAPI rolls workers only to a new name.
 func Declare(tmpl *unstructured.Unstructured, missing Set, cluster, revision string) (*unstructured.Unstructured, error) {
 	ifaces, index, err := podInterface(tmpl)
 	if err != nil {
@@ -181,13 +185,13 @@ func Declare(tmpl *unstructured.Unstructured, missing Set, cluster, revision str
 	}
 
 	base := BaseName(tmpl)
-	hash, err := contentHash(out.Object["spec"], revision)
+	hash, err := contentHash(out.Object["spec"], revision, cluster)
 	if err != nil {
 		return nil, err
 	}
 	out.SetGroupVersionKind(KubevirtMachineTemplateGVK)
 	out.SetNamespace(tmpl.GetNamespace())
-	out.SetName(GeneratedName(base, hash))
+	out.SetName(GeneratedName(base, cluster, hash))
 	out.SetOwnerReferences(tmpl.GetOwnerReferences())
 	labels := maps.Clone(tmpl.GetLabels())
 	if labels == nil {
@@ -206,16 +210,27 @@ func Declare(tmpl *unstructured.Unstructured, missing Set, cluster, revision str
 	return out, nil
 }
 
-// GeneratedName is <base>-<hash>, with base shortened so the name stays a valid object name.
-func GeneratedName(base, hash string) string {
-	const maxName = 253
-	if len(base) > maxName-1-len(hash) {
-		base = base[:maxName-1-len(hash)]
+// maxNameLength is the longest object name (a DNS subdomain).
+const maxNameLength = 253
+
+// GeneratedName names the copy of base guestnet generates for cluster: <base>-<hash> when
+// base already starts with "<cluster>-" (the usual <cluster>-md-0), <base>-<cluster>-<hash>
+// otherwise, so the name always shows the Cluster. The hash covers the cluster name too, so
+// two clusters never produce the same name, however their names and bases combine. base is
+// shortened when the name would exceed 253 characters.
+func GeneratedName(base, cluster, hash string) string {
+	suffix := "-" + hash
+	if !strings.HasPrefix(base, cluster+"-") {
+		suffix = "-" + cluster + suffix
 	}
-	return base + "-" + hash
+	if len(base)+len(suffix) > maxNameLength {
+		// A DNS subdomain's labels end with an alphanumeric character.
+		base = strings.TrimRight(base[:maxNameLength-len(suffix)], "-.")
+	}
+	return base + suffix
 }
 
-func contentHash(spec any, revision string) (string, error) {
+func contentHash(spec any, revision, cluster string) (string, error) {
 	// encoding/json sorts map keys: the same content always gives the same bytes.
 	data, err := json.Marshal(spec)
 	if err != nil {
@@ -225,5 +240,71 @@ func contentHash(spec any, revision string) (string, error) {
 	sum.Write(data)
 	sum.Write([]byte{0})
 	sum.Write([]byte(revision))
+	sum.Write([]byte{0})
+	sum.Write([]byte(cluster))
 	return hex.EncodeToString(sum.Sum(nil))[:hashLength], nil
+}
+
+// Adoptable says whether existing, found under the name of the copy desired (from Declare),
+// is that copy as guestnet wrote it for cluster: labelled as generated for cluster, with
+// desired's spec. Fields the API server defaulted into existing are allowed; any other
+// difference is not. A nil error means guestnet may use it; the error says why not.
+func Adoptable(existing, desired *unstructured.Unstructured, cluster string) error {
+	if owner := existing.GetLabels()[guestnetv1.GeneratedTemplateLabel]; owner != cluster {
+		if owner == "" {
+			return fmt.Errorf("KubevirtMachineTemplate %s already exists and guestnet did not generate it (no label %s=%s)",
+				existing.GetName(), guestnetv1.GeneratedTemplateLabel, cluster)
+		}
+		return fmt.Errorf("KubevirtMachineTemplate %s already exists and is labelled %s=%s, not %s",
+			existing.GetName(), guestnetv1.GeneratedTemplateLabel, owner, cluster)
+	}
+	same, err := containedIn(desired.Object["spec"], existing.Object["spec"])
+	if err != nil {
+		return err
+	}
+	if !same {
+		return fmt.Errorf("KubevirtMachineTemplate %s already exists with another spec than the copy guestnet would write", existing.GetName())
+	}
+	return nil
+}
+
+// containedIn reports whether every field of want is in got with the same value
+// (ingress.Subset: got may have more map keys; lists must have the same length). Both are
+// compared as JSON, so 22 and 22.0 are equal.
+func containedIn(want, got any) (bool, error) {
+	normalize := func(v any) (any, error) {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		var out any
+		return out, json.Unmarshal(data, &out)
+	}
+	w, err := normalize(want)
+	if err != nil {
+		return false, err
+	}
+	g, err := normalize(got)
+	if err != nil {
+		return false, err
+	}
+	return ingress.Subset(w, g), nil
+}
+
+// PodInterfacePorts renders the ports list of tmpl's pod network interface as JSON (which
+// YAML reads as it is), e.g. [{"port":22},{"port":8473,"protocol":"UDP"}]: for the copy
+// guestnet would write, it is exactly the list to declare in the template's source.
+func PodInterfacePorts(tmpl *unstructured.Unstructured) (iface, ports string, err error) {
+	_, index, err := podInterface(tmpl)
+	if err != nil || index < 0 {
+		return "", "", err
+	}
+	rawIfaces, _, err := unstructured.NestedSlice(tmpl.Object, interfacesPath...)
+	if err != nil {
+		return "", "", err
+	}
+	entry, _ := rawIfaces[index].(map[string]any)
+	name, _ := entry["name"].(string)
+	data, err := json.Marshal(entry["ports"])
+	return name, string(data), err
 }

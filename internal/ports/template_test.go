@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -89,7 +90,7 @@ func TestDeclare(t *testing.T) {
 
 	out, err := Declare(orig, missing, "c", "")
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(out.GetName()).To(MatchRegexp(`^md-0-[0-9a-f]{10}$`))
+	g.Expect(out.GetName()).To(MatchRegexp(`^md-0-c-[0-9a-f]{10}$`))
 	g.Expect(out.GetNamespace()).To(Equal("tenant"))
 	g.Expect(out.GetLabels()).To(Equal(map[string]string{"team": "a", guestnetv1.GeneratedTemplateLabel: "c"}))
 	g.Expect(out.GetAnnotations()).To(Equal(map[string]string{"note": "x", guestnetv1.BaseTemplateAnnotation: "md-0", guestnetv1.TemplateRevisionAnnotation: ""}))
@@ -120,7 +121,7 @@ func TestDeclare(t *testing.T) {
 	// The next generation derives from the base name, not from the generated one.
 	next, err := Declare(out, NewSet(Requirement{Port: TCP(30080)}), "c", "")
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(next.GetName()).To(MatchRegexp(`^md-0-[0-9a-f]{10}$`))
+	g.Expect(next.GetName()).To(MatchRegexp(`^md-0-c-[0-9a-f]{10}$`))
 	g.Expect(next.GetName()).NotTo(Equal(out.GetName()))
 }
 
@@ -130,9 +131,90 @@ func TestDeclareRefusesTemplatesWithoutMasquerade(t *testing.T) {
 	g.Expect(err).To(MatchError(ContainSubstring("no masquerade pod interface")))
 }
 
-func TestGeneratedNameStaysAValidLength(t *testing.T) {
+func TestGeneratedNameNamesTheClusterWithinTheNameLimits(t *testing.T) {
 	g := NewWithT(t)
-	name := GeneratedName(strings.Repeat("a", 300), "0123456789")
-	g.Expect(name).To(HaveLen(253))
-	g.Expect(name).To(HaveSuffix("-0123456789"))
+	g.Expect(GeneratedName("tenant-a-md-0", "tenant-a", "0123456789")).To(Equal("tenant-a-md-0-0123456789"), "the base names the Cluster already")
+	g.Expect(GeneratedName("workers", "tenant-a", "0123456789")).To(Equal("workers-tenant-a-0123456789"))
+	g.Expect(GeneratedName("tenant-ab-md-0", "tenant-a", "0123456789")).To(Equal("tenant-ab-md-0-tenant-a-0123456789"), "a prefix of another name is not the Cluster's")
+
+	long := GeneratedName(strings.Repeat("a", 300), "tenant-a", "0123456789")
+	g.Expect(long).To(HaveLen(253))
+	g.Expect(long).To(HaveSuffix("-tenant-a-0123456789"))
+	// Cut where the base has a dot or dash: the name must stay a DNS subdomain.
+	cut := GeneratedName(strings.Repeat("a", 231)+".-b"+strings.Repeat("c", 40), "tenant-a", "0123456789")
+	g.Expect(cut).To(Equal(strings.Repeat("a", 231) + "-tenant-a-0123456789"))
+	g.Expect(validation.IsDNS1123Subdomain(cut)).To(BeEmpty())
+}
+
+// Two clusters never get the same name for their copies, even when the same content and
+// their names and bases combine into the same string.
+func TestDeclareNamesCopiesPerCluster(t *testing.T) {
+	g := NewWithT(t)
+	missing := NewSet(Requirement{Port: TCP(10250)})
+	byCluster := map[string]string{}
+	for _, tc := range []struct{ base, cluster string }{{"x-b", "a"}, {"x", "b-a"}, {"tenant-a-md-0", "tenant-a"}, {"tenant-a-md-0", "tenant"}} {
+		out, err := Declare(template(tc.base, masquerade(port(22, ""))), missing, tc.cluster, "")
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(out.GetName()).To(ContainSubstring(tc.cluster))
+		g.Expect(out.GetLabels()).To(HaveKeyWithValue(guestnetv1.GeneratedTemplateLabel, tc.cluster))
+		byCluster[out.GetName()] = tc.cluster
+	}
+	g.Expect(byCluster).To(HaveLen(4), "every cluster's copy has a name of its own")
+}
+
+func TestAdoptable(t *testing.T) {
+	desired, err := Declare(template("md-0", masquerade(port(22, ""))), Base(), "c", "")
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	tests := []struct {
+		name    string
+		mutate  func(*unstructured.Unstructured)
+		wantErr string
+	}{
+		{name: "the copy guestnet wrote", mutate: func(*unstructured.Unstructured) {}},
+		{name: "with fields the API server defaulted", mutate: func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, "ssh", "spec", "template", "spec", "virtualMachineBootstrapCheck", "checkStrategy")
+		}},
+		{name: "numbers as JSON decodes them", mutate: func(u *unstructured.Unstructured) {
+			ifaces, _, _ := unstructured.NestedSlice(u.Object, interfacesPath...)
+			ifaces[0].(map[string]any)["ports"].([]any)[0].(map[string]any)["port"] = float64(22)
+			_ = unstructured.SetNestedSlice(u.Object, ifaces, interfacesPath...)
+		}},
+		{name: "not labelled", mutate: func(u *unstructured.Unstructured) { u.SetLabels(nil) }, wantErr: "guestnet did not generate it"},
+		{name: "labelled for another cluster", mutate: func(u *unstructured.Unstructured) {
+			u.SetLabels(map[string]string{guestnetv1.GeneratedTemplateLabel: "other"})
+		}, wantErr: "labelled guestnet.addons.cluster.x-k8s.io/generated-for=other, not c"},
+		{name: "another value", mutate: func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, "8Gi", append(vmiSpecPath, "domain", "memory", "guest")...)
+		}, wantErr: "another spec"},
+		{name: "a port less", mutate: func(u *unstructured.Unstructured) {
+			ifaces, _, _ := unstructured.NestedSlice(u.Object, interfacesPath...)
+			list := ifaces[0].(map[string]any)["ports"].([]any)
+			ifaces[0].(map[string]any)["ports"] = list[:len(list)-1]
+			_ = unstructured.SetNestedSlice(u.Object, ifaces, interfacesPath...)
+		}, wantErr: "another spec"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			existing := desired.DeepCopy()
+			tt.mutate(existing)
+			err := Adoptable(existing, desired, "c")
+			if tt.wantErr == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			g.Expect(err).To(MatchError(ContainSubstring(tt.wantErr)))
+			g.Expect(err.Error()).To(HavePrefix("KubevirtMachineTemplate " + desired.GetName() + " already exists"))
+		})
+	}
+}
+
+func TestPodInterfacePorts(t *testing.T) {
+	g := NewWithT(t)
+	out, err := Declare(template("md-0", masquerade(map[string]any{"name": "ssh", "port": int64(22)})), NewSet(Requirement{Port: UDP(8473)}, Requirement{Port: TCP(10250)}), "c", "")
+	g.Expect(err).NotTo(HaveOccurred())
+	iface, list, err := PodInterfacePorts(out)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(iface).To(Equal("default"))
+	g.Expect(list).To(Equal(`[{"name":"ssh","port":22},{"port":8473,"protocol":"UDP"},{"port":10250,"protocol":"TCP"}]`))
 }
