@@ -2,7 +2,8 @@
 # The manager image, built the way Cluster API providers build theirs, for people with Docker
 # (`make docker-build`; `docker buildx build --platform linux/amd64,linux/arm64 .` for both).
 # `make image` builds the same image without Docker, from Go (hack/tools/image): the same
-# binary flags, path, user, entrypoint and labels; docs/install.md compares the two.
+# binary flags, path, user, entrypoint and labels; docs/install.md compares the two, and
+# hack/tools/image/dockerfile_test.go checks it with BuildKit's own Dockerfile parser.
 
 ARG GO_VERSION=1.26
 # Cross-compiled on the builder's own platform: Go needs no emulation to build for another.
@@ -38,6 +39,7 @@ ARG source=https://github.com/guestnet/cluster-api-addon-provider-guestnet
 ARG version=dev
 ARG revision=unknown
 LABEL org.opencontainers.image.title="cluster-api-addon-provider-guestnet" \
+      org.opencontainers.image.description="guestnet: Cluster API add-on provider for nested KubeVirt guest clusters (manager)" \
       org.opencontainers.image.source="${source}" \
       org.opencontainers.image.version="${version}" \
       org.opencontainers.image.revision="${revision}"

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -443,8 +444,12 @@ func buildManager(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
 	bin := filepath.Join(t.TempDir(), "manager")
-	cmd := exec.Command(goCommand(), "build", "-o", bin, ".")
+	cmd := exec.Command(goBin, "build", "-o", bin, ".")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off")
 	start := time.Now()

@@ -9,10 +9,12 @@ package e2e
 //     securityContext (non-root, read-only root filesystem, no capabilities), against the
 //     lab's host apiserver, in the lab's network namespace; it reconciles a GuestIngress, and
 //     `manager diagnose` runs from the image;
-//   - the Dockerfile builds the same image (same flags, path, user and entrypoint);
 //   - the release directory: every file, SHA256SUMS, the components naming the image.
 //
-// Run with: make test TEST_PKGS=./e2e/... TEST_ARGS='-run "Image|Dockerfile|Release" -v'
+// hack/tools/image's own tests check the Dockerfile against the image it builds, and the
+// image's reproducibility.
+//
+// Run with: make test TEST_PKGS=./e2e/... TEST_ARGS='-run "Image|Release|Workflows" -v'
 
 import (
 	"archive/tar"
@@ -32,7 +34,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -247,58 +248,6 @@ func TestImage_RunsTheReleaseDeploymentUnderPodman(t *testing.T) {
 	// A clean stop: SIGTERM, exit status 0 (nothing failed on the read-only filesystem).
 	pm.mustRun(ctx, "stop", "--time=60", name)
 	g.Expect(strings.TrimSpace(pm.mustRun(ctx, "inspect", "--format={{.State.ExitCode}}", name))).To(Equal("0"))
-}
-
-// The Dockerfile builds what `make image` builds: the same static build of the manager, at
-// the same path, run by the same user. (No Docker engine runs here: `make docker-build` is
-// for people with one.)
-func TestDockerfile_BuildsTheImageMakeImageBuilds(t *testing.T) {
-	g := NewWithT(t)
-	root, err := lab.RepoRoot()
-	g.Expect(err).NotTo(HaveOccurred())
-	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	g.Expect(err).NotTo(HaveOccurred())
-	df := string(data)
-
-	stages := regexp.MustCompile(`(?m)^FROM .*$`).FindAllString(df, -1)
-	g.Expect(stages).To(HaveLen(2), "a build stage and the final stage")
-	g.Expect(stages[0]).To(MatchRegexp(`^FROM --platform=\$BUILDPLATFORM golang:\$\{GO_VERSION\} AS builder$`))
-	g.Expect(stages[1]).To(Equal("FROM gcr.io/distroless/static:nonroot"))
-	g.Expect(df).To(ContainSubstring("--mount=type=cache,target=/go/pkg/mod"))
-	g.Expect(df).To(ContainSubstring("--mount=type=cache,target=/root/.cache/go-build"))
-	g.Expect(df).To(MatchRegexp(`CGO_ENABLED=0 GOOS=\$\{TARGETOS\} GOARCH=\$\{TARGETARCH\}`))
-	g.Expect(df).To(ContainSubstring(`go build -trimpath -buildvcs=false -ldflags "${ldflags}" -o manager .`))
-	g.Expect(df).To(ContainSubstring(`ARG ldflags="-s -w -buildid="`))
-	g.Expect(df).To(ContainSubstring("COPY --from=builder /workspace/manager " + imageEntrypoint + "\n"))
-	g.Expect(df).To(ContainSubstring("\nUSER " + imageUser + "\n"))
-	g.Expect(df).To(ContainSubstring(`ENTRYPOINT ["` + imageEntrypoint + `"]`))
-
-	// The Makefile builds the binaries of `make image` with the same flags.
-	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(string(mk)).To(ContainSubstring("MANAGER_GOFLAGS := -trimpath -buildvcs=false\n"))
-	g.Expect(string(mk)).To(ContainSubstring("MANAGER_LDFLAGS ?= -s -w -buildid=\n"))
-
-	// Every package of the module that the manager imports reaches the Docker build: the
-	// Dockerfile copies its directory and .dockerignore lets it in.
-	ignore, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
-	g.Expect(err).NotTo(HaveOccurred())
-	cmd := exec.Command(goCommand(), "list", "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.Dir}}{{end}}{{end}}", ".")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off")
-	out, err := cmd.Output()
-	g.Expect(err).NotTo(HaveOccurred())
-	for _, dir := range strings.Fields(string(out)) {
-		rel, err := filepath.Rel(root, dir)
-		g.Expect(err).NotTo(HaveOccurred())
-		if rel == "." {
-			g.Expect(string(ignore)).To(ContainSubstring("\n!main.go\n"))
-			continue
-		}
-		top := strings.Split(filepath.ToSlash(rel), "/")[0]
-		g.Expect(df).To(ContainSubstring("COPY "+top+"/ "+top+"/\n"), "the Dockerfile copies %s (package %s)", top, rel)
-		g.Expect(string(ignore)).To(ContainSubstring("\n!"+top+"/\n"), ".dockerignore lets %s in (package %s)", top, rel)
-	}
 }
 
 // `make release` writes every file of a GitHub release, and SHA256SUMS lists and verifies them.
@@ -886,14 +835,6 @@ func httpGetOK(ctx context.Context, url string) error {
 		return fmt.Errorf("%s: %s %s", url, resp.Status, body)
 	}
 	return nil
-}
-
-// goCommand is the go command of the build (PATH, else the test binary's GOROOT).
-func goCommand() string {
-	if bin, err := exec.LookPath("go"); err == nil {
-		return bin
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 func mustJSON(t *testing.T, v any) string {
