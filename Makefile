@@ -72,6 +72,22 @@ RELEASE_TAG ?= v0.1.0
 RELEASE_DIR ?= out
 IMAGE_NAME  ?= ghcr.io/guestnet/cluster-api-addon-provider-guestnet
 
+# The manager image (`make image`, docs/install.md): built from Go with go-containerregistry
+# (hack/tools/image, its own module) for every IMAGE_PLATFORMS, into an OCI image layout
+# (IMAGE_LAYOUT, its index named RELEASE_TAG) and a tar archive of it (IMAGE_ARCHIVE, a
+# release file). Same binaries and same SOURCE_DATE_EPOCH: same digests.
+IMAGE_PLATFORMS   ?= linux/amd64 linux/arm64
+IMAGE_LAYOUT      ?= $(RELEASE_DIR)/image
+IMAGE_ARCHIVE     ?= $(RELEASE_DIR)/guestnet-image.oci.tar
+IMAGE_SOURCE      ?= https://github.com/guestnet/cluster-api-addon-provider-guestnet
+IMAGE_REVISION    ?= $(shell git rev-parse HEAD)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct)
+# How the manager binary of an image is built, here and in the Dockerfile (docker-build
+# passes them): static (no libc in the image), no local paths, no build id or VCS stamp that
+# would differ between two builds of the same source.
+MANAGER_GOFLAGS := -trimpath -buildvcs=false
+MANAGER_LDFLAGS ?= -s -w -buildid=
+
 # Every test binary runs in a private network namespace that has only lo (DEVELOPERS.md
 # safety rule); hack/labns sets it up and then execs the binary.
 LABNS     := $(CURDIR)/hack/labns
@@ -86,6 +102,9 @@ export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 export GUESTNET_RELEASE_DIR := $(abspath $(RELEASE_DIR))
 export GUESTNET_RELEASE_TAG := $(RELEASE_TAG)
 export GUESTNET_RELEASE_IMAGE := $(IMAGE_NAME):$(RELEASE_TAG)
+# The image `make image` built (e2e/image_test.go runs it under podman).
+export GUESTNET_IMAGE_LAYOUT := $(abspath $(IMAGE_LAYOUT))
+export GUESTNET_IMAGE_ARCHIVE := $(abspath $(IMAGE_ARCHIVE))
 
 ##@ General
 
@@ -100,7 +119,7 @@ demo: lab-assets ## Start the two-cluster lab and show the state of host and gue
 	go run -exec $(LABNS) ./e2e/demo $(DEMO_ARGS)
 
 .PHONY: test
-test: lab-assets verify $(KUSTOMIZE) release-manifests ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
+test: lab-assets verify $(KUSTOMIZE) release test-image-tool ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
 	go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
 
 # Where `make generate` writes; verify-generate points these at a scratch directory.
@@ -144,13 +163,71 @@ build: ## Build the manager binary into bin/.
 release-manifests: $(KUSTOMIZE) ## Write the clusterctl release files (addon-components.yaml, metadata.yaml) into RELEASE_DIR (out/).
 	@hack/release-manifests.sh $(KUSTOMIZE) $(RELEASE_DIR) $(RELEASE_TAG) $(IMAGE_NAME)
 
+# The files of a GitHub release, all in RELEASE_DIR; SHA256SUMS lists them (the release
+# workflow uploads what it lists).
+RELEASE_FILES = addon-components.yaml metadata.yaml \
+	$(notdir $(wildcard templates/cluster-template*.yaml templates/clusterclass-*.yaml)) \
+	$(notdir $(IMAGE_ARCHIVE))
+
+.PHONY: release
+release: release-manifests image ## Write everything a release carries into RELEASE_DIR: components, metadata, templates, the image archive, SHA256SUMS.
+	@[ "$(abspath $(dir $(IMAGE_ARCHIVE)))" = "$(abspath $(RELEASE_DIR))" ] || { echo "IMAGE_ARCHIVE must be in RELEASE_DIR"; exit 1; }
+	@cd $(RELEASE_DIR) && sha256sum $(RELEASE_FILES) > SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS
+	@echo "release $(RELEASE_TAG) in $(RELEASE_DIR):" && sed 's/^/  /' $(RELEASE_DIR)/SHA256SUMS
+
+##@ Image
+
+# build_step WHAT,COMMAND says what it builds, runs COMMAND and says how long it took.
+# (COMMAND must not contain a comma.)
+build_step = start=$$(date +%s); echo "==> building $(1)" >&2; $(2); \
+	secs=$$(( $$(date +%s) - start )); printf '==> built %s in %dm%02ds\n' "$(1)" $$((secs / 60)) $$((secs % 60)) >&2
+
+MANAGER_BINARIES := $(foreach p,$(IMAGE_PLATFORMS),bin/manager-$(subst /,-,$(p)))
+IMAGE_TOOL := go -C hack/tools/image run .
+
+.PHONY: image
+image: $(MANAGER_BINARIES) ## Build the manager image without Docker (IMAGE_PLATFORMS) into IMAGE_LAYOUT (OCI layout) and IMAGE_ARCHIVE.
+	@mkdir -p $(dir $(IMAGE_ARCHIVE))
+	@$(call build_step,image $(IMAGE_NAME):$(RELEASE_TAG) ($(IMAGE_PLATFORMS)),$(IMAGE_TOOL) build \
+		$(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(abspath bin/manager-$(subst /,-,$(p)))) \
+		--layout $(abspath $(IMAGE_LAYOUT)) --archive $(abspath $(IMAGE_ARCHIVE)) --tag $(RELEASE_TAG) \
+		--source $(IMAGE_SOURCE) --version $(RELEASE_TAG) --revision $(IMAGE_REVISION) --created $(SOURCE_DATE_EPOCH))
+
+# Always run: go build knows whether the binary is up to date (its build cache).
+.PHONY: $(MANAGER_BINARIES)
+$(MANAGER_BINARIES): bin/manager-%:
+	@mkdir -p bin
+	@$(call build_step,manager for $(subst -,/,$*),CGO_ENABLED=0 GOOS=$(word 1,$(subst -, ,$*)) GOARCH=$(word 2,$(subst -, ,$*)) \
+		go build $(MANAGER_GOFLAGS) -ldflags "$(MANAGER_LDFLAGS)" -o $@.tmp . && mv $@.tmp $@)
+
+.PHONY: image-push
+image-push: image ## Push the image (every platform, one index) to IMAGE_NAME:RELEASE_TAG with the credentials of `docker login`.
+	@$(IMAGE_TOOL) push --layout $(abspath $(IMAGE_LAYOUT)) --tag $(RELEASE_TAG) --to $(IMAGE_NAME):$(RELEASE_TAG)
+
+.PHONY: test-image-tool
+test-image-tool: ## Vet and test hack/tools/image (its own module).
+	go -C hack/tools/image vet ./...
+	go -C hack/tools/image test -exec $(LABNS) -count=1 ./...
+
+# For people with Docker (none runs here): the same image from the Dockerfile, for ARCH.
+ARCH       ?= $(shell go env GOARCH)
+GO_VERSION ?= $(patsubst go%,%,$(shell go env GOVERSION))
+
+.PHONY: docker-build
+docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-ARCH); needs a Docker engine.
+	DOCKER_BUILDKIT=1 docker build --platform linux/$(ARCH) \
+		--build-arg GO_VERSION=$(GO_VERSION) --build-arg goproxy=$(shell go env GOPROXY) \
+		--build-arg ldflags="$(MANAGER_LDFLAGS)" --build-arg SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) \
+		--build-arg source=$(IMAGE_SOURCE) --build-arg version=$(RELEASE_TAG) --build-arg revision=$(IMAGE_REVISION) \
+		-t $(IMAGE_NAME):$(RELEASE_TAG)-$(ARCH) .
+
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
 lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
-host-tools: ## Make sure unshare/nsenter (util-linux) and ip (iproute2) are installed.
+host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
 	@hack/ensure-host-tools.sh
 
 $(ETCD):

@@ -7,7 +7,8 @@
 #                          cluster --from <release URL>/<file>`
 # The manager image is IMAGE:TAG, set with `kustomize edit set image` on a copy of config/ (the
 # repository keeps the dev tag). The script fails unless metadata.yaml has a release series for
-# TAG's major.minor, as clusterctl requires.
+# TAG's major.minor, as clusterctl requires. `make release` adds the image archive and
+# SHA256SUMS to these files.
 # Usage: release-manifests.sh KUSTOMIZE DIR TAG IMAGE
 set -euo pipefail
 kustomize=$1 dir=$2 tag=$3 image=$4
