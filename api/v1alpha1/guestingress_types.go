@@ -46,7 +46,25 @@ const (
 	// HostObjectConflictReason: a host object guestnet would create (Service, pool, L2
 	// policy) exists and belongs to someone else; guestnet leaves it alone.
 	HostObjectConflictReason = "HostObjectConflict"
+	// NoNodePortsReason: the guest Service cannot carry nodePorts without guestnet changing
+	// something of the user's (a LoadBalancer Service with allocateLoadBalancerNodePorts:
+	// false, a headless or an ExternalName Service); guestnet changes nothing and the message
+	// says what to change.
+	NoNodePortsReason = "NoNodePorts"
+	// InvalidSpecReason: a value of spec.loadBalancer that admission could not check is not
+	// usable (a label value, an l2 interface regular expression, an l2 node selector); guestnet
+	// changes nothing on the host until it is corrected.
+	InvalidSpecReason = "InvalidSpec"
+	// HostObjectRejectedReason: the host apiserver refused a host object guestnet built from
+	// the spec; the message quotes it.
+	HostObjectRejectedReason = "HostObjectRejected"
 )
+
+// OriginalGuestServiceAnnotation, on the guest Service, records what the Service had in each
+// field guestnet took over (type, nodePorts) before guestnet changed it, so that deleting the
+// GuestIngress hands the Service back exactly. guestnet writes it in the same apply as the
+// fields and removes it when it gives them back.
+const OriginalGuestServiceAnnotation = "guestnet.addons.cluster.x-k8s.io/original"
 
 // Defaults and names used on the host LoadBalancer Service.
 const (

@@ -8,6 +8,8 @@ package guestingress_test
 // Run with: make test TEST_PKGS=./controllers/guestingress/... TEST_ARGS='-run TestGuestIngressController -v'
 
 import (
+	"fmt"
+	"hash/fnv"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +35,9 @@ func TestGuestIngressController(t *testing.T) {
 				Spec: guestnetv1.GuestIngressSpec{
 					ClusterName:  cluster,
 					GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
-					LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+					// An IP of its own: claims of other tests' namespaces (other managers) are
+					// real claims, and overlapping ones would be refused.
+					LoadBalancer: guestnetv1.LoadBalancerSpec{IP: uniqueIP(ns + "/" + name)},
 				},
 			}
 		},
@@ -43,4 +47,12 @@ func TestGuestIngressController(t *testing.T) {
 		},
 		Setup: manager.SetupGuestIngress,
 	})
+}
+
+// uniqueIP is an address of 10.3.0.0/16 derived from key.
+func uniqueIP(key string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	sum := h.Sum32()
+	return fmt.Sprintf("10.3.%d.%d", (sum>>8)%256, sum%254+1)
 }
