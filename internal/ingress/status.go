@@ -91,6 +91,9 @@ func SetStatus(gi *guestnetv1.GuestIngress, o *Observed, p *Plan, r *Result) (su
 		setGuestServiceStatus(gi, p, r)
 		if r.PortsDeclared != nil {
 			conditions.Set(gi, *r.PortsDeclared)
+		} else {
+			set(gi, guestnetv1.PortsDeclaredCondition, metav1.ConditionUnknown, guestnetv1.InternalErrorReason,
+				"guestnet could not assess the worker ports in this reconcile; it retries")
 		}
 	}
 	setHostFields(gi, r)
