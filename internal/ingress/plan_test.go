@@ -163,8 +163,10 @@ func TestMakePlan(t *testing.T) {
 			},
 		},
 		{
-			name:     "poolRef: no pool of guestnet's",
-			o:        observed(func(o *Observed) { o.GuestIngress.Spec.LoadBalancer.PoolRef = &guestnetv1.PoolReference{Name: "shared"} }),
+			name: "poolRef: no pool of guestnet's",
+			o: observed(func(o *Observed) {
+				o.GuestIngress.Spec.LoadBalancer.PoolRef = &guestnetv1.PoolReference{Name: "shared"}
+			}),
 			wantHost: true,
 			check:    func(g Gomega, p *Plan) { g.Expect(p.Pool).To(BeNil()) },
 		},
@@ -265,7 +267,9 @@ func TestSetStatus(t *testing.T) {
 				o.ForeignPools = []*unstructured.Unstructured{pool("admin", map[string]any{"cidr": "10.2.6.0/24"})}
 				o.HostService = ready
 			}),
-			result:         func(o *Observed, _ *Plan) *Result { return &Result{HostService: o.HostService, ReadyEndpoints: 2, TotalEndpoints: 2} },
+			result: func(o *Observed, _ *Plan) *Result {
+				return &Result{HostService: o.HostService, ReadyEndpoints: 2, TotalEndpoints: 2}
+			},
 			wantSummarised: []string{guestnetv1.AdmittedCondition, guestnetv1.ClusterAvailableCondition, guestnetv1.LoadBalancerReadyCondition, guestnetv1.EndpointsReadyCondition},
 			wantIP:         "10.2.6.220",
 			wantConditions: map[string]string{
@@ -274,9 +278,11 @@ func TestSetStatus(t *testing.T) {
 			},
 		},
 		{
-			name:           "guest unreachable: what needs the guest is Unknown, the host side as it is",
-			o:              observed(func(o *Observed) { o.GuestReachable, o.GuestService, o.HostService = false, nil, ready }),
-			result:         func(o *Observed, _ *Plan) *Result { return &Result{HostService: o.HostService, ReadyEndpoints: 1, TotalEndpoints: 1} },
+			name: "guest unreachable: what needs the guest is Unknown, the host side as it is",
+			o:    observed(func(o *Observed) { o.GuestReachable, o.GuestService, o.HostService = false, nil, ready }),
+			result: func(o *Observed, _ *Plan) *Result {
+				return &Result{HostService: o.HostService, ReadyEndpoints: 1, TotalEndpoints: 1}
+			},
 			wantSummarised: SummarisedConditions,
 			wantIP:         "10.2.6.220",
 			wantConditions: map[string]string{
@@ -315,9 +321,11 @@ func TestSetStatus(t *testing.T) {
 			},
 		},
 		{
-			name:   "the host apiserver refused an object",
-			o:      observed(),
-			result: func(o *Observed, _ *Plan) *Result { return &Result{GuestService: o.GuestService, HostRejected: "The host apiserver refused Service x"} },
+			name: "the host apiserver refused an object",
+			o:    observed(),
+			result: func(o *Observed, _ *Plan) *Result {
+				return &Result{GuestService: o.GuestService, HostRejected: "The host apiserver refused Service x"}
+			},
 			wantConditions: map[string]string{
 				guestnetv1.AdmittedCondition: guestnetv1.AdmittedReason, guestnetv1.GuestServiceReadyCondition: guestnetv1.ReadyReason,
 				guestnetv1.LoadBalancerReadyCondition: guestnetv1.HostObjectRejectedReason, guestnetv1.EndpointsReadyCondition: guestnetv1.NoEndpointsReason,
