@@ -657,5 +657,5 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 func (r *Reconciler) event(ctx context.Context, gi *guestnetv1.GuestIngress, eventType, reason, action, note string, args ...any) {
 	msg := fmt.Sprintf(note, args...)
 	ctrl.LoggerFrom(ctx).Info(msg, "reason", reason)
-	r.recorder.Eventf(gi, nil, eventType, reason, action, "%s", ingress.Bound(msg, 1000))
+	r.recorder.Eventf(gi, nil, eventType, reason, action, "%s", clusterscope.Bound(msg, 1000))
 }

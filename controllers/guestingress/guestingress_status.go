@@ -45,7 +45,7 @@ func updateStatus(s *scope) {
 		// rather than leave what an earlier one found.
 		conditions.Set(gi, metav1.Condition{
 			Type: guestnetv1.LoadBalancerReadyCondition, Status: metav1.ConditionUnknown, Reason: guestnetv1.InternalErrorReason,
-			Message: ingress.Bound(fmt.Sprintf("guestnet could not finish this reconcile and retries: %v", s.err), ingress.MaxMessage),
+			Message: clusterscope.Bound(fmt.Sprintf("guestnet could not finish this reconcile and retries: %v", s.err), ingress.MaxMessage),
 		})
 		if !slices.Contains(summarised, guestnetv1.LoadBalancerReadyCondition) {
 			summarised = append(slices.Clone(summarised), guestnetv1.LoadBalancerReadyCondition)

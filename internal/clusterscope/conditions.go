@@ -145,13 +145,17 @@ func SetDeletingCondition(obj Object, message string) {
 // bytes the API allows.
 const maxReadyMessage = 8192
 
-func boundMessage(m string) string {
-	if len(m) <= maxReadyMessage {
-		return m
+func boundMessage(m string) string { return Bound(m, maxReadyMessage) }
+
+// Bound cuts s to at most n bytes, at a rune boundary, ending in "..." when it was cut: every
+// message guestnet writes is bounded.
+func Bound(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	cut := maxReadyMessage - len("...")
-	for cut > 0 && !utf8.RuneStart(m[cut]) {
+	cut := n - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
-	return m[:cut] + "..."
+	return s[:cut] + "..."
 }

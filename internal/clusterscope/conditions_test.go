@@ -271,3 +271,9 @@ func TestSetReadyConditionWithoutTypesIsAnInternalError(t *testing.T) {
 
 	g.Expect(conditions.GetReason(obj, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.InternalErrorReason))
 }
+
+func TestBound(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(Bound("short", 10)).To(Equal("short"))
+	g.Expect(Bound("ééééé", 8)).To(Equal("éé..."), "cut at a rune boundary")
+}

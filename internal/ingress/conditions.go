@@ -3,7 +3,6 @@ package ingress
 import (
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -12,6 +11,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -20,19 +20,7 @@ import (
 const MaxMessage = 2048
 
 func set(gi *guestnetv1.GuestIngress, conditionType string, status metav1.ConditionStatus, reason, message string) {
-	conditions.Set(gi, metav1.Condition{Type: conditionType, Status: status, Reason: reason, Message: Bound(message, MaxMessage)})
-}
-
-// Bound cuts s to at most n bytes, at a rune boundary, ending in "..." when it was cut.
-func Bound(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("...")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
+	conditions.Set(gi, metav1.Condition{Type: conditionType, Status: status, Reason: reason, Message: clusterscope.Bound(message, MaxMessage)})
 }
 
 // SetAdmitted reports the policy's decision.
