@@ -46,7 +46,25 @@ const (
 	// HostObjectConflictReason: a host object guestnet would create (Service, pool, L2
 	// policy) exists and belongs to someone else; guestnet leaves it alone.
 	HostObjectConflictReason = "HostObjectConflict"
+	// NoNodePortsReason: the guest Service cannot carry nodePorts without guestnet changing
+	// something of the user's (a LoadBalancer Service with allocateLoadBalancerNodePorts:
+	// false, a headless or an ExternalName Service); guestnet changes nothing and the message
+	// says what to change.
+	NoNodePortsReason = "NoNodePorts"
+	// InvalidSpecReason: a value of spec.loadBalancer that admission could not check is not
+	// usable (a label value, an l2 interface regular expression, an l2 node selector); guestnet
+	// changes nothing on the host until it is corrected.
+	InvalidSpecReason = "InvalidSpec"
+	// HostObjectRejectedReason: the host apiserver refused a host object guestnet built from
+	// the spec; the message quotes it.
+	HostObjectRejectedReason = "HostObjectRejected"
 )
+
+// OriginalGuestServiceAnnotation, on the guest Service, records what the Service had in each
+// field guestnet took over (type, nodePorts) before guestnet changed it, so that deleting the
+// GuestIngress hands the Service back exactly. guestnet writes it in the same apply as the
+// fields and removes it when it gives them back.
+const OriginalGuestServiceAnnotation = "guestnet.addons.cluster.x-k8s.io/original"
 
 // Defaults and names used on the host LoadBalancer Service.
 const (
@@ -166,11 +184,13 @@ type LoadBalancerSpec struct {
 	// +optional
 	L2 *L2AnnouncementSpec `json:"l2,omitempty"`
 
-	// class is the loadBalancerClass of the host Service.
+	// class is the loadBalancerClass of the host Service: a qualified name such as
+	// io.cilium/l2-announcer.
 	// +optional
 	// +kubebuilder:default="io.cilium/l2-announcer"
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?([.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && (!self.contains('/') || self.indexOf('/') <= 253)",message="class must be a qualified name (a loadBalancerClass): an optional DNS subdomain prefix and '/', then a name of at most 63 characters, e.g. io.cilium/l2-announcer"
 	Class string `json:"class,omitempty"`
 
 	// externalTrafficPolicy of the host Service. Cluster (the default) combines well with L2
@@ -180,12 +200,21 @@ type LoadBalancerSpec struct {
 	// +kubebuilder:validation:Enum=Cluster;Local
 	ExternalTrafficPolicy corev1.ServiceExternalTrafficPolicy `json:"externalTrafficPolicy,omitempty"`
 
-	// annotations copied to the host Service and kept in sync.
+	// annotations copied to the host Service and kept in sync: at most 32, keys qualified
+	// names, values at most 4096 characters.
 	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?([.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && (!k.contains('/') || k.indexOf('/') <= 253))",message="each key of loadBalancer.annotations must be a qualified name: an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of at most 63 characters (letters, digits, '-', '_', '.'), e.g. example.com/team"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 4096)",message="each value of loadBalancer.annotations may be at most 4096 characters long"
 	Annotations map[string]string `json:"annotations,omitempty"`
 
-	// labels copied to the host Service and kept in sync.
+	// labels copied to the host Service and kept in sync: at most 32, keys qualified
+	// names, values label values (their characters are checked when the host Service is
+	// built: the apiserver cannot afford a pattern on every map value at admission).
 	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?([.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && (!k.contains('/') || k.indexOf('/') <= 253))",message="each key of loadBalancer.labels must be a qualified name: an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of at most 63 characters (letters, digits, '-', '_', '.'), e.g. example.com/tier"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 63)",message="each value of loadBalancer.labels must be a label value: at most 63 characters"
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
@@ -209,8 +238,14 @@ type L2AnnouncementSpec struct {
 	// +kubebuilder:validation:items:MaxLength=253
 	Interfaces []string `json:"interfaces,omitempty"`
 
-	// nodeSelector selects the host nodes that may announce. Empty means every node.
+	// nodeSelector selects the host nodes that may announce. Empty means every node. At most
+	// 16 matchLabels, 16 matchExpressions and 16 values per expression; the syntax of its keys
+	// and values is checked when the L2 announcement policy is built (InvalidSpec).
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="(!has(self.matchLabels) || size(self.matchLabels) <= 16) && (!has(self.matchExpressions) || size(self.matchExpressions) <= 16)",message="l2.nodeSelector may have at most 16 matchLabels, 16 matchExpressions and 16 values per expression"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 16 || self.matchExpressions.all(e, !has(e.values) || size(e.values) <= 16)",message="l2.nodeSelector may have at most 16 matchLabels, 16 matchExpressions and 16 values per expression"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 16 || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="each operator of l2.nodeSelector.matchExpressions must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 16 || self.matchExpressions.all(e, (e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",message="in l2.nodeSelector.matchExpressions, In and NotIn need values, Exists and DoesNotExist take none"
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
 }
 

@@ -155,6 +155,27 @@ func TestValidationGuestIngress(t *testing.T) {
 		{"l2 interfaces and nodeSelector accepted", `{loadBalancer: {l2: {interfaces: ["^eth0$"], nodeSelector: {matchLabels: {node-role.kubernetes.io/worker: ""}}}}}`, ""},
 		{"empty l2 interface rejected", `{loadBalancer: {l2: {interfaces: [""]}}}`, `spec.loadBalancer.l2.interfaces[0] in body should be at least 1 chars long`},
 		{"annotations and labels accepted", `{loadBalancer: {annotations: {a.example.com/b: c}, labels: {team: web}}}`, ""},
+		{"empty label value accepted", `{loadBalancer: {labels: {example.com/edge: ""}}}`, ""},
+		{"label key with a space rejected", `{loadBalancer: {labels: {"bad key": web}}}`, `each key of loadBalancer.labels must be a qualified name`},
+		{"label key with two slashes rejected", `{loadBalancer: {labels: {"a.example.com/b/c": web}}}`, `each key of loadBalancer.labels must be a qualified name`},
+		{"label key prefix that is no DNS subdomain rejected", `{loadBalancer: {labels: {"Example.com/tier": web}}}`, `each key of loadBalancer.labels must be a qualified name`},
+		{"label key name over 63 characters rejected", `{loadBalancer: {labels: {"example.com/` + strings.Repeat("n", 64) + `": web}}}`, `each key of loadBalancer.labels must be a qualified name`},
+		{"label value over 63 characters rejected", `{loadBalancer: {labels: {team: ` + strings.Repeat("v", 64) + `}}}`, `each value of loadBalancer.labels must be a label value`},
+		{"label value with a space accepted at admission", `{loadBalancer: {labels: {team: "web edge"}}}`, ""}, // checked when the host Service is built (InvalidSpec)
+		{"33 labels rejected", `{loadBalancer: {labels: ` + stringMap(33) + `}}`, `spec.loadBalancer.labels: Too many: 33: must have at most 32 items`},
+		{"annotation key with a space rejected", `{loadBalancer: {annotations: {"bad key": x}}}`, `each key of loadBalancer.annotations must be a qualified name`},
+		{"annotation key prefix over 253 characters rejected", `{loadBalancer: {annotations: {"` + strings.Repeat(strings.Repeat("a", 60)+".", 5) + `com/x": v}}}`, `each key of loadBalancer.annotations must be a qualified name`},
+		{"annotation value with spaces and JSON accepted", `{loadBalancer: {annotations: {example.com/config: '{"a": "b c"}'}}}`, ""},
+		{"annotation value over 4096 characters rejected", `{loadBalancer: {annotations: {example.com/x: ` + strings.Repeat("v", 4097) + `}}}`, `each value of loadBalancer.annotations may be at most 4096 characters long`},
+		{"33 annotations rejected", `{loadBalancer: {annotations: ` + stringMap(33) + `}}`, `spec.loadBalancer.annotations: Too many: 33: must have at most 32 items`},
+		{"class that is no qualified name rejected", `{loadBalancer: {class: "my class"}}`, `class must be a qualified name`},
+		{"class with a name part over 63 characters rejected", `{loadBalancer: {class: example.com/` + strings.Repeat("c", 64) + `}}`, `class must be a qualified name`},
+		{"class without a prefix accepted", `{loadBalancer: {class: internal-lb}}`, ""},
+		{"nodeSelector with an unknown operator rejected", `{loadBalancer: {l2: {nodeSelector: {matchExpressions: [{key: zone, operator: Equals, values: [a]}]}}}}`, `each operator of l2.nodeSelector.matchExpressions must be In, NotIn, Exists or DoesNotExist`},
+		{"nodeSelector In without values rejected", `{loadBalancer: {l2: {nodeSelector: {matchExpressions: [{key: zone, operator: In}]}}}}`, `In and NotIn need values, Exists and DoesNotExist take none`},
+		{"nodeSelector Exists with values rejected", `{loadBalancer: {l2: {nodeSelector: {matchExpressions: [{key: zone, operator: Exists, values: [a]}]}}}}`, `In and NotIn need values, Exists and DoesNotExist take none`},
+		{"nodeSelector with every operator accepted", `{loadBalancer: {l2: {nodeSelector: {matchExpressions: [{key: a, operator: In, values: [x]}, {key: b, operator: NotIn, values: [other]}, {key: c, operator: Exists}, {key: example.com/d, operator: DoesNotExist}]}}}}`, ""},
+		{"nodeSelector with 17 expressions rejected", `{loadBalancer: {l2: {nodeSelector: {matchExpressions: ` + expressions(17) + `}}}}`, `l2.nodeSelector may have at most 16 matchLabels, 16 matchExpressions and 16 values per expression`},
 
 		// declarePorts and typos
 		{"declarePorts false accepted", `{declarePorts: false}`, ""},
@@ -579,6 +600,24 @@ func cidrs(n int) string {
 	items := make([]string, n)
 	for i := range items {
 		items[i] = fmt.Sprintf("10.2.%d.0/29", i)
+	}
+	return "[" + strings.Join(items, ", ") + "]"
+}
+
+// stringMap returns n distinct string keys and values as a YAML flow map.
+func stringMap(n int) string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprintf("example.com/k%d: v%d", i, i)
+	}
+	return "{" + strings.Join(items, ", ") + "}"
+}
+
+// expressions returns n distinct label selector requirements as a YAML flow list.
+func expressions(n int) string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprintf("{key: k%d, operator: Exists}", i)
 	}
 	return "[" + strings.Join(items, ", ") + "]"
 }

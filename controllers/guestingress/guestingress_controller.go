@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -32,6 +33,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
 
 // controllerName names the controller, its ClusterCache source and its events.
@@ -54,6 +56,10 @@ type Reconciler struct {
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
 
+	// Admit decides what a GuestIngress may claim on the host; policy.Admit when nil (tests
+	// put their own decision in).
+	Admit func(policy.Input) policy.Decision
+
 	recorder   events.EventRecorder
 	controller controller.Controller
 }
@@ -63,31 +69,43 @@ type scope struct {
 	guestIngress *guestnetv1.GuestIngress
 	// cluster is the CAPI Cluster named by spec.clusterName; nil when it does not exist.
 	cluster *clusterv1.Cluster
-	// guestClient talks to the guest apiserver; set once ClusterAvailable is True.
-	guestClient client.Client
-	// nodePorts are the guest nodePorts behind the spec ports (name -> nodePort), and
-	// nodePortsUsable says whether the host Service may be pointed at them: every port has
-	// one and the guest did not refuse any (NodePortConflict, GuestServicePortNotFound).
-	nodePorts       map[string]int32
-	nodePortsUsable bool
-	// hostService is the live host Service after the host phase; nil when there is none.
-	hostService *corev1.Service
 	// paused is true when CAPI pause applies: then only the Paused condition is written.
 	paused bool
+	// guestClient talks to the guest apiserver (nil while it cannot be reached); guestErr is
+	// why not, for ClusterAvailable.
+	guestClient client.Client
+	guestErr    error
+
+	// observed, plan and result are the three stages of reconcileNormal, set as each is
+	// done; the status is derived from them (updateStatus).
+	observed *ingress.Observed
+	plan     *ingress.Plan
+	result   *ingress.Result
+
+	// hostDeleted: the host objects are gone (deletion); waitingForGuest: the deletion waits
+	// for the guest apiserver to give the guest Service back.
+	hostDeleted     bool
+	waitingForGuest bool
+	// err is the error reconcileNormal ended with, if any.
+	err error
 }
 
 // SetupWithManager registers the controller. Besides GuestIngress itself it watches Clusters
 // (pause, provisioning, creation and deletion change what a GuestIngress reports), the
 // ClusterCache's connect/disconnect events, the host objects it creates (Service,
-// EndpointSlices, pool, L2 policy), the pools a poolRef names, the other GuestIngresses whose
-// IP claims collide, and, through the ClusterCache, the guest's Services (see
-// watchGuestServices): nothing waits for a resync.
+// EndpointSlices, pool, L2 policy), every pool (a poolRef's, an admin's that a claim overlaps),
+// the other GuestIngresses whose IP claims collide, GuestIngressPolicies and namespace labels
+// (admission), the kubeconfig Secrets (a guest gone for good) and, through the ClusterCache,
+// the guest's Services (see watchGuestServices): nothing waits for a resync.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.ClusterCache == nil {
 		return errors.New("guestingress: Client and ClusterCache must not be nil")
 	}
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Admit == nil {
+		r.Admit = policy.Admit
 	}
 	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestIngress{}); err != nil {
 		return err
@@ -119,9 +137,22 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToGuestIngress)).
 		Watches(ingress.NewPool(), handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses)).
 		Watches(ingress.NewL2Policy(), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress)).
+		// Whether a poolRef GuestIngress holds its IP is read from its host Service: the
+		// GuestIngresses whose claims collide are decided again when it changes or goes.
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.hostServiceToCollidingGuestIngresses)).
 		// A GuestIngress whose IP claim collides with another one's is decided again when
-		// that one changes or goes away.
+		// that one changes or goes away; a policy's per-namespace cap when one comes or goes.
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.collidingGuestIngresses)).
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),
+			builder.WithPredicates(createOrDelete)).
+		// Admission: the GuestIngressPolicies, and the labels of the namespaces they select.
+		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses)).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),
+			builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		// A deleted <cluster>-kubeconfig Secret means the guest is gone for good
+		// (clusterscope.GuestGone): a deletion that waits for the guest ends.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(secretToGuestIngresses(clusterToGuestIngresses)),
+			builder.WithPredicates(kubeconfigSecret)).
 		WithOptions(options).
 		Build(r)
 	if err != nil {
@@ -151,6 +182,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // workerports controller is the one that writes them).
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch
+// Admission (internal/policy): the GuestIngressPolicies, and the labels of the namespaces they select.
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresspolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -208,13 +242,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	return r.reconcileNormal(ctx, s)
 }
 
-// patch writes the GuestIngress back. Unless it is paused, Ready is summarised first and,
-// after a reconcile without error, status.observedGeneration is stamped. Condition changes
-// are recorded as events once they are stored.
+// patch writes the GuestIngress back. Unless it is paused, the status is derived first from
+// what the reconcile observed and did (updateStatus) and, after a reconcile without error,
+// status.observedGeneration is stamped. Condition changes are recorded as events once they
+// are stored.
 func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *scope, conditionsBefore []metav1.Condition, reconciled bool) error {
 	opts := []patch.Option{patch.WithOwnedConditions{Conditions: ownedConditions}}
 	if !s.paused {
-		setReadyCondition(s.guestIngress)
+		updateStatus(s)
 		if reconciled {
 			opts = append(opts, patch.WithStatusObservedGeneration{})
 		}

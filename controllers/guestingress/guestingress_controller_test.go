@@ -8,6 +8,11 @@ package guestingress_test
 // Run with: make test TEST_PKGS=./controllers/guestingress/... TEST_ARGS='-run TestGuestIngressController -v'
 
 import (
+	"fmt"
+	"hash/fnv"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +38,9 @@ func TestGuestIngressController(t *testing.T) {
 				Spec: guestnetv1.GuestIngressSpec{
 					ClusterName:  cluster,
 					GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
-					LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+					// An IP of its own: claims of other tests' namespaces (other managers) are
+					// real claims, and overlapping ones would be refused.
+					LoadBalancer: guestnetv1.LoadBalancerSpec{IP: uniqueIP(ns + "/" + name)},
 				},
 			}
 		},
@@ -43,4 +50,40 @@ func TestGuestIngressController(t *testing.T) {
 		},
 		Setup: manager.SetupGuestIngress,
 	})
+}
+
+// uniqueIP is an address of 10.3.0.0/16 derived from key.
+func uniqueIP(key string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	sum := h.Sum32()
+	return fmt.Sprintf("10.3.%d.%d", (sum>>8)%256, sum%254+1)
+}
+
+// Every condition reason a GuestIngress can carry is explained in docs/guestingress.md and
+// listed in docs/api.md: the reasons of guestingress_types.go, and those of Admitted.
+func TestDocsNameEveryGuestIngressReason(t *testing.T) {
+	src, err := os.ReadFile("../../api/v1alpha1/guestingress_types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policySrc, err := os.ReadFile("../../api/v1alpha1/guestingresspolicy_types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := regexp.MustCompile(`(?m)^\s+\w+Reason\s+=\s+"(\w+)"`).FindAllStringSubmatch(string(src)+string(policySrc), -1)
+	if len(reasons) < 15 {
+		t.Fatalf("found only %d reasons: the pattern no longer matches the API", len(reasons))
+	}
+	for _, doc := range []string{"../../docs/guestingress.md", "../../docs/api.md"} {
+		text, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reasons {
+			if !strings.Contains(string(text), "`"+r[1]+"`") {
+				t.Errorf("%s does not name the reason %s", doc, r[1])
+			}
+		}
+	}
 }

@@ -9,9 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -29,88 +30,302 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
 
-// readyConditions are the conditions Ready summarises: Ready is True only when the whole
-// chain works, from the guest Service to an IP with ready worker endpoints behind it.
-var readyConditions = []string{
-	guestnetv1.ClusterAvailableCondition,
-	guestnetv1.GuestServiceReadyCondition,
-	guestnetv1.LoadBalancerReadyCondition,
-	guestnetv1.EndpointsReadyCondition,
-	guestnetv1.PortsDeclaredCondition,
-}
-
-// exposureConditions describe objects that exist only while the Cluster does.
-var exposureConditions = []string{
-	guestnetv1.GuestServiceReadyCondition,
-	guestnetv1.LoadBalancerReadyCondition,
-	guestnetv1.EndpointsReadyCondition,
-	guestnetv1.PortsDeclaredCondition,
-}
-
-// ownedConditions are all conditions this controller writes; the patch helper lets its
-// values win over concurrent writers.
-var ownedConditions = append([]string{guestnetv1.ReadyCondition, guestnetv1.PausedCondition}, readyConditions...)
-
 // Event reasons of the changes guestnet makes (condition changes have their own events).
+// Deletions a refusal causes carry the refusal's reason instead, as Warnings.
 const (
 	eventApplied        = "Applied"
 	eventDeleted        = "Deleted"
 	eventReleased       = "GuestServiceReleased"
+	eventRestored       = "GuestServiceRestored"
 	eventActionApply    = "Apply"
 	eventActionDelete   = "Delete"
+	eventActionRestore  = "Restore"
 	guestServiceWatcher = controllerName + "-guest-services"
 )
 
-// reconcileNormal makes the guest Service and the host objects match the spec once the guest
-// cluster is reachable, and reports what it found. While the guest apiserver cannot be
-// reached, nothing is changed: the host objects stay as they are.
+// reconcileNormal observes the world, plans with pure functions (internal/ingress.MakePlan)
+// and applies the plan. The status is derived from the three afterwards (updateStatus).
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+	s.err = r.observe(ctx, s)
+	if s.err == nil {
+		s.plan = ingress.MakePlan(s.observed)
+		s.err = r.apply(ctx, s)
+	}
+	return ctrl.Result{}, s.err
+}
+
+// --- observe ------------------------------------------------------------------------------------
+
+// observe reads everything the plan is made from into s.observed: the guest connection, the
+// policy's decision, the address space other GuestIngresses hold and ask for, the pools
+// guestnet does not manage, the host objects of this GuestIngress and the guest Service. It
+// changes nothing.
+func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
-	guestClient, err := clusterscope.Connect(ctx, r.ClusterCache, gi, s.cluster)
-	if s.cluster == nil {
-		// The Cluster is gone (or never existed): its workers went with it, so nothing is
-		// left to expose. Remove what guestnet created for it; the GuestIngress stays and
-		// waits for a Cluster of that name.
-		for _, c := range exposureConditions {
-			conditions.Delete(gi, c)
+	if s.cluster != nil && s.cluster.DeletionTimestamp.IsZero() {
+		s.guestClient, s.guestErr = clusterscope.GuestClient(ctx, r.ClusterCache, s.cluster)
+		if s.guestErr != nil && !errors.Is(s.guestErr, clustercache.ErrClusterNotConnected) {
+			return s.guestErr
 		}
-		gi.Status.LoadBalancerIP, gi.Status.HostService, gi.Status.ReadyEndpoints = "", "", 0
-		return ctrl.Result{}, kerrors.NewAggregate([]error{err, r.deleteHostObjects(ctx, s, false)})
 	}
-	if err != nil || guestClient == nil {
-		// Not reachable yet: the Cluster watch or the ClusterCache connect event brings us back.
-		return ctrl.Result{}, err
+	w, err := r.readHost(ctx)
+	if err != nil {
+		return err
 	}
-	s.guestClient = guestClient
-	if err := r.watchGuestServices(ctx, s); err != nil {
-		return ctrl.Result{}, err
+	o := &ingress.Observed{GuestIngress: gi, Cluster: s.cluster, GuestReachable: s.guestClient != nil}
+	if o.Admission, err = r.admit(ctx, w, gi); err != nil {
+		return err
 	}
+	if o.Eligible() {
+		o.Self = ingress.Claimant{GuestIngress: gi, Held: w.held(gi), Eligible: true}
+		o.Claimants = ingress.Entangled(o.Self, w.claimants(gi))
+		if err := r.eligibleClaimants(ctx, w, o.Claimants); err != nil {
+			return err
+		}
+		o.ForeignPools = w.foreignPools(gi)
+	}
+	if err := r.observeHostObjects(ctx, w, o); err != nil {
+		return err
+	}
+	if s.guestClient != nil && o.Eligible() {
+		if err := r.watchGuestServices(ctx, s); err != nil {
+			return err
+		}
+		o.GuestService = &corev1.Service{}
+		key := client.ObjectKey{Namespace: gi.Spec.GuestService.Namespace, Name: gi.Spec.GuestService.Name}
+		if err := s.guestClient.Get(ctx, key, o.GuestService); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return fmt.Errorf("reading Service %s in the guest: %w", key, err)
+			}
+			o.GuestService = nil // GuestServiceNotFound: the guest Service watch brings us back
+		}
+	}
+	s.observed = o
+	return nil
+}
 
-	// A GuestIngress that asks for an IP (or range) another one keeps (it has it, or is
-	// older) gets nothing, and the other one keeps working.
-	all := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, all); err != nil {
-		return ctrl.Result{}, err
-	}
-	if conflict := ingress.FindConflict(gi, all.Items); conflict != nil {
-		ingress.SetLoadBalancerConflict(gi, conflict)
-		ingress.SetNoHostService(gi)
-		gi.Status.LoadBalancerIP, gi.Status.HostService, gi.Status.ReadyEndpoints = "", "", 0
-		return ctrl.Result{}, r.deleteHostObjects(ctx, s, false)
-	}
+// hostWorld is what one reconcile reads from the manager's cache about every GuestIngress and
+// pool: the ground of the claims and of admission.
+type hostWorld struct {
+	guestIngresses []guestnetv1.GuestIngress
+	pools          []unstructured.Unstructured
+	poolsByName    map[string]*unstructured.Unstructured
+	policies       []guestnetv1.GuestIngressPolicy
+	// hostServices are the host Services guestnet created, by their GuestIngress.
+	hostServices map[types.NamespacedName]*corev1.Service
+	namespaces   map[string]*corev1.Namespace
+}
 
-	if err := r.reconcileGuestService(ctx, s); err != nil {
-		return ctrl.Result{}, err
+func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
+	w := &hostWorld{poolsByName: map[string]*unstructured.Unstructured{}, hostServices: map[types.NamespacedName]*corev1.Service{},
+		namespaces: map[string]*corev1.Namespace{}}
+	var err error
+	if w.guestIngresses, err = r.conflictCandidates(ctx); err != nil {
+		return nil, err
 	}
-	// The workerports controller declares the ports; this object reports whether its own
-	// are (the nodePorts just resolved into status.ports).
-	if err := ports.ReportPortsDeclared(ctx, r.Client, guestClient, s.cluster, gi, ports.ForGuestIngress(gi)); err != nil {
-		return ctrl.Result{}, err
+	pools := &unstructured.UnstructuredList{}
+	pools.SetGroupVersionKind(ingress.PoolGVK.GroupVersion().WithKind(ingress.PoolGVK.Kind + "List"))
+	if err := r.Client.List(ctx, pools); err != nil {
+		return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
 	}
-	if err := r.reconcileHostObjects(ctx, s); err != nil {
-		return ctrl.Result{}, err
+	w.pools = pools.Items
+	for i := range w.pools {
+		w.poolsByName[w.pools[i].GetName()] = &w.pools[i]
 	}
-	return ctrl.Result{}, r.reconcileEndpoints(ctx, s)
+	policies := &guestnetv1.GuestIngressPolicyList{}
+	if err := r.Client.List(ctx, policies); err != nil {
+		return nil, fmt.Errorf("listing GuestIngressPolicies: %w", err)
+	}
+	w.policies = policies.Items
+	services := &corev1.ServiceList{}
+	if err := r.Client.List(ctx, services, client.MatchingLabels{hostnames.ManagedByLabel: hostnames.ManagedByValue}); err != nil {
+		return nil, fmt.Errorf("listing host Services: %w", err)
+	}
+	for i := range services.Items {
+		if key, ok := hostnames.GuestIngressOf(&services.Items[i]); ok {
+			w.hostServices[key] = &services.Items[i]
+		}
+	}
+	return w, nil
+}
+
+// conflictCandidates lists the GuestIngresses whose claims may collide with another's: the
+// one place that looks them up (every GuestIngress today; an index by address later).
+func (r *Reconciler) conflictCandidates(ctx context.Context) ([]guestnetv1.GuestIngress, error) {
+	list := &guestnetv1.GuestIngressList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("listing GuestIngresses: %w", err)
+	}
+	return list.Items, nil
+}
+
+// admit asks the policy (Reconciler.Admit) whether gi is admitted.
+func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (ingress.Admission, error) {
+	ns, ok := w.namespaces[gi.Namespace]
+	if !ok {
+		ns = &corev1.Namespace{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: gi.Namespace}, ns); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return ingress.Admission{}, fmt.Errorf("getting Namespace %s: %w", gi.Namespace, err)
+			}
+			ns = nil
+		}
+		w.namespaces[gi.Namespace] = ns
+	}
+	var siblings []guestnetv1.GuestIngress
+	for _, other := range w.guestIngresses {
+		if other.Namespace == gi.Namespace && other.Name != gi.Name {
+			siblings = append(siblings, other)
+		}
+	}
+	d := r.Admit(policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName})
+	return ingress.Admission{Admitted: d.Admitted, Policy: d.Policy, Reason: d.Reason, Message: d.Message, Announcement: d.Announcement}, nil
+}
+
+// claimants are the other GuestIngresses as claimants, with what each holds on the host
+// (their eligibility is read by eligibleClaimants, for those that matter).
+func (w *hostWorld) claimants(gi *guestnetv1.GuestIngress) []ingress.Claimant {
+	var out []ingress.Claimant
+	for i := range w.guestIngresses {
+		other := &w.guestIngresses[i]
+		if other.Namespace == gi.Namespace && other.Name == gi.Name {
+			continue
+		}
+		out = append(out, ingress.Claimant{GuestIngress: other, Held: w.held(other)})
+	}
+	return out
+}
+
+// eligibleClaimants sets whether each claimant may hold anything: its Cluster exists and is
+// not being deleted, neither it nor its Cluster is paused, it is not being deleted, and a
+// policy admits it.
+func (r *Reconciler) eligibleClaimants(ctx context.Context, w *hostWorld, claimants []ingress.Claimant) error {
+	for i := range claimants {
+		eligible, err := r.eligible(ctx, w, claimants[i].GuestIngress)
+		if err != nil {
+			return err
+		}
+		claimants[i].Eligible = eligible
+	}
+	return nil
+}
+
+func (r *Reconciler) eligible(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (bool, error) {
+	if !gi.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	cluster, err := clusterscope.GetCluster(ctx, r.Client, gi.Namespace, gi.Spec.ClusterName)
+	if err != nil || cluster == nil || !cluster.DeletionTimestamp.IsZero() || clusterscope.IsPaused(gi, cluster) {
+		return false, err
+	}
+	a, err := r.admit(ctx, w, gi)
+	return a.Admitted, err
+}
+
+// held is the address space gi's objects occupy on the host: the blocks of its own pool, and
+// the IP its host Service requests or has when gi still asks for that IP (a host Service is in
+// the tenant's namespace: what it requests counts only as far as gi's spec asks for it).
+func (w *hostWorld) held(gi *guestnetv1.GuestIngress) ingress.Claim {
+	var held ingress.Claim
+	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil && hostnames.IsOwnedBy(pool, gi) {
+		held.Prefixes = ingress.PoolBlocks(pool)
+	}
+	svc := w.hostServices[client.ObjectKeyFromObject(gi)]
+	if svc == nil || !hostnames.IsOwnedBy(svc, gi) {
+		return held
+	}
+	wants := ingress.ClaimOf(gi)
+	for _, ip := range ingress.ServiceIPs(svc) {
+		if (ingress.Claim{IP: ip}).Collides(wants) {
+			held.IP = ip
+			break
+		}
+	}
+	return held
+}
+
+// foreignPools are the pools that are not guestnet's for a GuestIngress it knows: an admin's,
+// a shared one, or one of a GuestIngress that is gone.
+func (w *hostWorld) foreignPools(gi *guestnetv1.GuestIngress) []*unstructured.Unstructured {
+	known := map[types.NamespacedName]bool{}
+	for i := range w.guestIngresses {
+		known[client.ObjectKeyFromObject(&w.guestIngresses[i])] = true
+	}
+	var out []*unstructured.Unstructured
+	for i := range w.pools {
+		pool := &w.pools[i]
+		if key, ok := hostnames.GuestIngressOf(pool); ok && known[key] {
+			continue
+		}
+		out = append(out, pool)
+	}
+	return out
+}
+
+// observeHostObjects reads the host Service, pool and L2 policy guestnet creates for the
+// GuestIngress, and the pool poolRef names.
+func (r *Reconciler) observeHostObjects(ctx context.Context, w *hostWorld, o *ingress.Observed) error {
+	gi := o.GuestIngress
+	svc, foreign, err := r.getHostObject(ctx, gi, &corev1.Service{}, client.ObjectKey{Namespace: gi.Namespace, Name: hostnames.HostService(gi)})
+	if err != nil {
+		return err
+	}
+	if foreign != "" {
+		o.Foreign = foreign
+	} else if svc != nil {
+		o.HostService = svc.(*corev1.Service)
+	}
+	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil {
+		if hostnames.IsOwnedBy(pool, gi) {
+			o.Pool = pool
+		} else if ingress.OwnsPool(gi) && o.Foreign == "" {
+			o.Foreign = "CiliumLoadBalancerIPPool " + pool.GetName()
+		}
+	}
+	policyObj, foreign, err := r.getHostObject(ctx, gi, ingress.NewL2Policy(), client.ObjectKey{Name: hostnames.L2Policy(gi)})
+	if err != nil {
+		return err
+	}
+	if foreign != "" && ingress.AnnouncesL2(gi) && o.Foreign == "" {
+		o.Foreign = foreign
+	} else if policyObj != nil {
+		o.L2Policy = policyObj.(*unstructured.Unstructured)
+	}
+	if ref := gi.Spec.LoadBalancer.PoolRef; ref != nil {
+		o.RefPool = w.poolsByName[ref.Name]
+	}
+	return nil
+}
+
+// getHostObject reads a host object guestnet would own into obj: nil when it does not exist;
+// foreign names it ("Service k0smotron/tenant-a-web") when it exists and is someone else's.
+// The cache holds only guestnet's Services; a Service it does not have is looked up in the
+// apiserver.
+func (r *Reconciler) getHostObject(ctx context.Context, gi *guestnetv1.GuestIngress, obj client.Object, key client.ObjectKey) (client.Object, string, error) {
+	err := r.Client.Get(ctx, key, obj)
+	if _, isService := obj.(*corev1.Service); apierrors.IsNotFound(err) && isService {
+		err = r.APIReader.Get(ctx, key, obj)
+	}
+	if apierrors.IsNotFound(err) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("getting %s %s: %w", kindOf(obj), key, err)
+	}
+	if !hostnames.IsOwnedBy(obj, gi) {
+		return nil, kindOf(obj) + " " + key.String(), nil
+	}
+	return obj, "", nil
+}
+
+func kindOf(obj client.Object) string {
+	if kind := obj.GetObjectKind().GroupVersionKind().Kind; kind != "" {
+		return kind
+	}
+	if _, ok := obj.(*corev1.Service); ok {
+		return "Service"
+	}
+	return fmt.Sprintf("%T", obj)
 }
 
 // watchGuestServices makes the guest's Service events reach the GuestIngresses that name
@@ -134,219 +349,123 @@ func (r *Reconciler) watchGuestServices(ctx context.Context, s *scope) error {
 	return err
 }
 
-// --- guest side ---------------------------------------------------------------------------
+// --- apply --------------------------------------------------------------------------------------
 
-// reconcileGuestService makes the guest Service a NodePort Service with the fixed nodePorts
-// (server-side apply as field manager "guestnet", only those fields), resolves the nodePort
-// of every spec port into status.ports and reports GuestServiceReady.
-func (r *Reconciler) reconcileGuestService(ctx context.Context, s *scope) error {
-	gi := s.guestIngress
-	key := client.ObjectKey{Namespace: gi.Spec.GuestService.Namespace, Name: gi.Spec.GuestService.Name}
-	live := &corev1.Service{}
-	if err := s.guestClient.Get(ctx, key, live); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("reading Service %s in the guest: %w", key, err)
-		}
-		// Wait for it (the guest Service watch brings us back); meanwhile the host side
-		// keeps (or gets, when the nodePorts are fixed) the last known nodePorts.
-		ingress.SetGuestServiceNotFound(gi)
-		resolved, _, complete := ingress.NodePorts(gi, nil)
-		s.setNodePorts(resolved, complete)
-		return nil
+// apply writes the plan: the withdrawal of the host objects, or the guest Service, the pool,
+// the L2 policy and the host Service; then it reads what the status reports of the result
+// (endpoints, ports declared). A write the apiserver refuses as invalid is recorded in the
+// result (a condition), not returned.
+func (r *Reconciler) apply(ctx context.Context, s *scope) error {
+	o, p := s.observed, s.plan
+	res := &ingress.Result{GuestService: o.GuestService, HostService: o.HostService}
+	s.result = res
+	if p.Withdraw {
+		res.HostService = nil
+		return r.deleteHostObjects(ctx, s, false, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage)
 	}
-
-	desired := ingress.GuestService(gi, live)
-	upToDate, err := ssa.ServiceUpToDate(desired, live)
-	if err != nil {
+	if err := r.applyGuestService(ctx, s); err != nil {
 		return err
 	}
-	if !upToDate {
-		applied, err := ssa.ApplyService(ctx, s.guestClient, desired)
-		switch {
-		case ssa.IsNodePortAllocated(err):
-			holders, listErr := r.nodePortHolders(ctx, s)
-			if listErr != nil {
-				return listErr
-			}
-			ingress.SetNodePortConflict(gi, holders, ssa.APIErrorMessage(err))
-			s.keepNodePorts()
-			return nil
-		case apierrors.IsInvalid(err):
-			ingress.SetGuestServiceRejected(gi, err)
-			s.keepNodePorts()
-			return nil
-		case err != nil:
-			return fmt.Errorf("applying Service %s in the guest: %w", key, err)
+	if p.Host {
+		if err := r.applyHostObjects(ctx, s); err != nil {
+			return err
 		}
-		r.recorder.Eventf(gi, nil, corev1.EventTypeNormal, eventApplied, eventActionApply,
-			"Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, hostnames.FieldManager)
-		live = applied
 	}
-
-	resolved, missing, complete := ingress.NodePorts(gi, live)
-	if len(missing) > 0 {
-		ingress.SetGuestServicePortNotFound(gi, live, missing)
-		gi.Status.Ports = resolved
-		s.keepNodePorts()
-		return nil
+	if err := r.readEndpoints(ctx, s); err != nil {
+		return err
 	}
-	ingress.SetGuestServiceReady(gi, resolved)
-	s.setNodePorts(resolved, complete)
+	if p.Refusal == nil && s.guestClient != nil {
+		return r.assessPortsDeclared(ctx, s)
+	}
 	return nil
 }
 
-// setNodePorts records the resolved nodePorts in status and scope.
-func (s *scope) setNodePorts(resolved []guestnetv1.IngressPortStatus, complete bool) {
-	s.guestIngress.Status.Ports = resolved
-	s.nodePorts = ingress.NodePortMap(resolved)
-	s.nodePortsUsable = complete
-}
-
-// keepNodePorts leaves the host Service pointing where it points: the guest refused or lacks
-// some port, and forwarding to a nodePort another Service holds would be worse.
-func (s *scope) keepNodePorts() {
-	s.nodePorts, s.nodePortsUsable = nil, false
-}
-
-// nodePortHolders names the guest Services that hold gi's fixed nodePorts.
-func (r *Reconciler) nodePortHolders(ctx context.Context, s *scope) ([]string, error) {
-	list := &corev1.ServiceList{}
-	if err := s.guestClient.List(ctx, list); err != nil {
-		return nil, fmt.Errorf("listing Services in the guest: %w", err)
+// applyGuestService applies the guest Service's configuration unless it is up to date.
+func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
+	gi, res, desired := s.guestIngress, s.result, s.plan.GuestService
+	if desired == nil || s.observed.GuestService == nil {
+		return nil
 	}
-	return ingress.NodePortHolders(s.guestIngress, list.Items), nil
-}
-
-// --- host side ----------------------------------------------------------------------------
-
-// reconcileHostObjects applies the pool (or checks the referenced one), the L2 policy and the
-// host LoadBalancer Service, then reports LoadBalancerReady and the load-balancer IP.
-func (r *Reconciler) reconcileHostObjects(ctx context.Context, s *scope) error {
-	gi := s.guestIngress
-	lb := gi.Spec.LoadBalancer
-
-	// The pool: guestnet's own, or the shared one poolRef names.
-	var pool *unstructured.Unstructured
-	poolName := hostnames.Pool(gi)
-	if desired := ingress.Pool(gi); desired != nil {
-		live, foreign, err := r.applyObject(ctx, s, desired)
-		if err != nil || foreign {
-			return err
-		}
-		pool = live
-	} else {
-		poolName = lb.PoolRef.Name
-		if err := r.deleteOwned(ctx, s, ingress.NewPool(), hostnames.Pool(gi), "", false); err != nil {
-			return err
-		}
-		pool = ingress.NewPool()
-		if err := r.Client.Get(ctx, client.ObjectKey{Name: poolName}, pool); err != nil {
-			if !apierrors.IsNotFound(err) {
-				return err
-			}
-			pool = nil
-		}
-	}
-
-	// The L2 announcement policy, for Cilium's L2 announcer class only.
-	policyName := ""
-	desiredPolicy, err := ingress.L2Policy(gi, policy.Admit(policy.Input{GuestIngress: gi}).Announcement)
-	if err != nil {
+	if upToDate, err := ssa.ServiceUpToDate(desired, s.observed.GuestService); err != nil || upToDate {
 		return err
 	}
-	if desiredPolicy != nil {
-		if _, foreign, err := r.applyObject(ctx, s, desiredPolicy); err != nil || foreign {
-			return err
-		}
-		policyName = desiredPolicy.GetName()
-	} else if err := r.deleteOwned(ctx, s, ingress.NewL2Policy(), hostnames.L2Policy(gi), "", false); err != nil {
-		return err
-	}
-
-	// The Service: applied once every port has a usable nodePort; otherwise left as it is.
-	svc, foreign, err := r.reconcileHostService(ctx, s)
-	if err != nil || foreign {
-		return err
-	}
-	s.hostService = svc
-
-	gi.Status.HostService, gi.Status.LoadBalancerIP = "", ""
-	if svc != nil {
-		gi.Status.HostService = svc.Name
-		gi.Status.LoadBalancerIP = ingress.LoadBalancerIP(svc)
-	}
-
+	key := client.ObjectKey{Namespace: *desired.Namespace, Name: *desired.Name}
+	applied, err := ssa.ApplyService(ctx, s.guestClient, desired)
 	switch {
-	case lb.PoolRef != nil && pool == nil:
-		ingress.SetPoolNotFound(gi)
-	case pool != nil && poolConflict(pool) != nil:
-		ingress.SetCiliumPoolConflict(gi, poolName, poolConflict(pool))
-	case svc == nil:
-		ingress.SetHostServicePending(gi, hostnames.HostService(gi))
-	case gi.Status.LoadBalancerIP == "":
-		ingress.SetIPPending(gi, svc, ingress.ServiceCondition(svc, ingress.IPAMRequestSatisfiedCondition), poolHint(gi, pool, svc))
-	default:
-		ingress.SetLoadBalancerReady(gi, svc, gi.Status.LoadBalancerIP, poolName, policyName)
+	case ssa.IsNodePortAllocated(err):
+		list := &corev1.ServiceList{}
+		if err := s.guestClient.List(ctx, list); err != nil {
+			return fmt.Errorf("listing Services in the guest: %w", err)
+		}
+		res.NodePortHeld, res.NodePortHolders, res.GuestRefused = true, ingress.NodePortHolders(gi, list.Items), ssa.APIErrorMessage(err)
+		return nil
+	case apierrors.IsInvalid(err):
+		res.GuestRefused = ssa.APIErrorMessage(err)
+		return nil
+	case err != nil:
+		return fmt.Errorf("applying Service %s in the guest: %w", key, err)
+	}
+	r.event(ctx, gi, corev1.EventTypeNormal, eventApplied, eventActionApply,
+		"Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, hostnames.FieldManager)
+	res.GuestService = applied
+	return nil
+}
+
+// applyHostObjects applies the pool and L2 policy (or deletes guestnet's when the spec no
+// longer needs them) and the host Service (when its nodePorts are usable and the guest took
+// the fixed ones), through ClusterIP when its class changes.
+func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
+	gi, o, p, res := s.guestIngress, s.observed, s.plan, s.result
+	if err := r.ensureObject(ctx, s, p.Pool, o.Pool, ingress.NewPool(), hostnames.Pool(gi)); err != nil {
+		return err
+	}
+	if err := r.ensureObject(ctx, s, p.L2Policy, o.L2Policy, ingress.NewL2Policy(), hostnames.L2Policy(gi)); err != nil {
+		return err
+	}
+	if p.HostService == nil || res.GuestRefused != "" || res.HostRejected != "" {
+		return nil // the host Service keeps forwarding where it does
+	}
+	for _, step := range []*corev1ac.ServiceApplyConfiguration{p.ReclassHostService, p.HostService} {
+		if step == nil {
+			continue
+		}
+		svc, applied, err := ssa.EnsureService(ctx, r.Client, step, res.HostService)
+		if apierrors.IsInvalid(err) {
+			res.HostRejected = fmt.Sprintf("The host apiserver refused Service %s/%s: %s", gi.Namespace, *step.Name, ssa.APIErrorMessage(err))
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if applied {
+			r.event(ctx, gi, corev1.EventTypeNormal, eventApplied, eventActionApply, "Applied host Service %s (type %s, ports %s)",
+				svc.Name, svc.Spec.Type, hostPorts(gi, ingress.NodePortMap(p.Ports)))
+		}
+		res.HostService = svc
 	}
 	return nil
 }
 
-// poolConflict is Cilium's PoolConflict condition of the pool when it is True.
-func poolConflict(pool *unstructured.Unstructured) *metav1.Condition {
-	if c := ingress.ObjectCondition(pool, ingress.PoolConflictCondition); c != nil && c.Status == metav1.ConditionTrue {
-		return c
+// ensureObject server-side applies desired (a cluster-scoped Cilium object) unless live is up
+// to date with it; with desired nil it deletes guestnet's object of that name, if any.
+func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live, empty *unstructured.Unstructured, name string) error {
+	if desired == nil {
+		return r.deleteOwned(ctx, s, empty, name, "", false, corev1.EventTypeNormal, eventDeleted, "the spec no longer needs it")
 	}
-	return nil
-}
-
-// poolHint explains why a referenced pool gives the Service no IP, when it does not select it.
-func poolHint(gi *guestnetv1.GuestIngress, pool *unstructured.Unstructured, svc *corev1.Service) string {
-	if gi.Spec.LoadBalancer.PoolRef == nil || pool == nil {
-		return ""
+	if live != nil && ingress.ObjectUpToDate(desired, live) {
+		return nil
 	}
-	if ok, err := ingress.SelectorMatchesService(pool, svc.Labels, svc.Namespace, svc.Name); err == nil && !ok {
-		return fmt.Sprintf("the serviceSelector of CiliumLoadBalancerIPPool %s does not select Service %s/%s; select it by its labels "+
-			"(e.g. %s=%s) or add them with spec.loadBalancer.labels", pool.GetName(), svc.Namespace, svc.Name,
-			hostnames.ClusterNameLabel, gi.Spec.ClusterName)
+	applied := desired.DeepCopy()
+	err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(hostnames.FieldManager), client.ForceOwnership)
+	if apierrors.IsInvalid(err) {
+		s.result.HostRejected = fmt.Sprintf("The host apiserver refused %s %s: %s", desired.GetKind(), desired.GetName(), ssa.APIErrorMessage(err))
+		return nil
 	}
-	return ""
-}
-
-// reconcileHostService applies the host Service when the nodePorts are usable and reads it
-// otherwise. foreign is true (and LoadBalancerReady says so) when a Service of that name
-// exists that guestnet did not create for this GuestIngress.
-func (r *Reconciler) reconcileHostService(ctx context.Context, s *scope) (*corev1.Service, bool, error) {
-	gi := s.guestIngress
-	name := hostnames.HostService(gi)
-	live, foreign, err := r.getHostObject(ctx, s, &corev1.Service{}, client.ObjectKey{Namespace: gi.Namespace, Name: name})
-	if err != nil || foreign {
-		return nil, foreign, err
-	}
-	svc, _ := live.(*corev1.Service)
-	if !s.nodePortsUsable {
-		return svc, false, nil
-	}
-	desired := ingress.HostService(gi, s.nodePorts)
-	if svc != nil {
-		// loadBalancerClass cannot be changed: a new class needs a new Service (and IP).
-		if svc.Spec.LoadBalancerClass != nil && *svc.Spec.LoadBalancerClass != *desired.Spec.LoadBalancerClass {
-			if err := r.deleteOwned(ctx, s, &corev1.Service{}, name, gi.Namespace, true); err != nil {
-				return nil, false, err
-			}
-			return nil, false, nil // the deletion event brings the object back to create it anew
-		}
-		upToDate, err := ssa.ServiceUpToDate(desired, svc)
-		if err != nil || upToDate {
-			return svc, false, err
-		}
-	}
-	applied, err := ssa.ApplyService(ctx, r.Client, desired)
 	if err != nil {
-		return nil, false, fmt.Errorf("applying host Service %s/%s: %w", gi.Namespace, name, err)
+		return fmt.Errorf("applying %s %s: %w", desired.GetKind(), desired.GetName(), err)
 	}
-	r.recorder.Eventf(gi, nil, corev1.EventTypeNormal, eventApplied, eventActionApply,
-		"Applied host Service %s (ports %s)", name, hostPorts(gi, s.nodePorts))
-	return applied, false, nil
+	r.event(ctx, s.guestIngress, corev1.EventTypeNormal, eventApplied, eventActionApply, "Applied %s %s", desired.GetKind(), desired.GetName())
+	return nil
 }
 
 func hostPorts(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) string {
@@ -357,73 +476,33 @@ func hostPorts(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) string {
 	return strings.Join(parts, ", ")
 }
 
-// applyObject server-side applies a cluster-scoped Cilium object of gi unless it is up to
-// date. foreign is true (and LoadBalancerReady says so) when an object of that name exists
-// that guestnet did not create for this GuestIngress.
-func (r *Reconciler) applyObject(ctx context.Context, s *scope, desired *unstructured.Unstructured) (*unstructured.Unstructured, bool, error) {
-	empty := &unstructured.Unstructured{}
-	empty.SetGroupVersionKind(desired.GroupVersionKind())
-	live, foreign, err := r.getHostObject(ctx, s, empty, client.ObjectKey{Name: desired.GetName()})
-	if err != nil || foreign {
-		return nil, foreign, err
-	}
-	if u, ok := live.(*unstructured.Unstructured); ok && ingress.ObjectUpToDate(desired, u) {
-		return u, false, nil
-	}
-	applied := desired.DeepCopy()
-	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied),
-		client.FieldOwner(hostnames.FieldManager), client.ForceOwnership); err != nil {
-		return nil, false, fmt.Errorf("applying %s %s: %w", desired.GetKind(), desired.GetName(), err)
-	}
-	r.recorder.Eventf(s.guestIngress, nil, corev1.EventTypeNormal, eventApplied, eventActionApply,
-		"Applied %s %s", desired.GetKind(), desired.GetName())
-	return applied, false, nil
-}
-
-// getHostObject reads a host object guestnet would own into obj: nil when it does not exist,
-// foreign when it exists and is someone else's (then LoadBalancerReady says so). The cache
-// holds only guestnet's objects; what it does not have is looked up in the apiserver.
-func (r *Reconciler) getHostObject(ctx context.Context, s *scope, obj client.Object, key client.ObjectKey) (client.Object, bool, error) {
-	err := r.Client.Get(ctx, key, obj)
-	if apierrors.IsNotFound(err) {
-		err = r.APIReader.Get(ctx, key, obj)
-	}
-	if apierrors.IsNotFound(err) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	if !hostnames.IsOwnedBy(obj, s.guestIngress) {
-		kind := obj.GetObjectKind().GroupVersionKind().Kind
-		if kind == "" {
-			kind = "Service"
-		}
-		ingress.SetHostObjectConflict(s.guestIngress, kind, client.ObjectKeyFromObject(obj).String())
-		return nil, true, nil
-	}
-	return obj, false, nil
-}
-
-// reconcileEndpoints counts the ready worker endpoints behind the host Service, from the
-// EndpointSlices kube-controller-manager keeps for it, and reports EndpointsReady.
-func (r *Reconciler) reconcileEndpoints(ctx context.Context, s *scope) error {
-	gi := s.guestIngress
-	if s.hostService == nil {
-		gi.Status.ReadyEndpoints = 0
-		ingress.SetNoHostService(gi)
+// readEndpoints counts the ready worker endpoints behind the host Service, from the
+// EndpointSlices kube-controller-manager keeps for it.
+func (r *Reconciler) readEndpoints(ctx context.Context, s *scope) error {
+	svc := s.result.HostService
+	if svc == nil {
 		return nil
 	}
 	slices := &discoveryv1.EndpointSliceList{}
-	if err := r.Client.List(ctx, slices, client.InNamespace(gi.Namespace), client.MatchingLabels{
-		discoveryv1.LabelServiceName: s.hostService.Name,
+	if err := r.Client.List(ctx, slices, client.InNamespace(svc.Namespace), client.MatchingLabels{
+		discoveryv1.LabelServiceName: svc.Name,
 		hostnames.ManagedByLabel:     hostnames.ManagedByValue,
 	}); err != nil {
 		return err
 	}
-	ready, total := ingress.CountEndpoints(slices.Items)
-	gi.Status.ReadyEndpoints = ready
-	ingress.SetEndpoints(gi, gi.Namespace, s.hostService.Name, ready, total)
+	s.result.ReadyEndpoints, s.result.TotalEndpoints = ingress.CountEndpoints(slices.Items)
+	return nil
+}
+
+// assessPortsDeclared asks internal/ports whether the workers declare the nodePorts status.ports
+// will report (the workerports controller is the one that declares them).
+func (r *Reconciler) assessPortsDeclared(ctx context.Context, s *scope) error {
+	gi := s.guestIngress.DeepCopy()
+	gi.Status.Ports = ingress.StatusPorts(gi, s.plan, s.result.HostService)
+	if err := ports.ReportPortsDeclared(ctx, r.Client, s.guestClient, s.cluster, gi, ports.ForGuestIngress(gi)); err != nil {
+		return err
+	}
+	s.result.PortsDeclared = conditions.Get(gi, guestnetv1.PortsDeclaredCondition)
 	return nil
 }
 
@@ -431,43 +510,97 @@ func (r *Reconciler) reconcileEndpoints(ctx context.Context, s *scope) error {
 
 // reconcileDelete undoes what reconcileNormal did, then releases the object: it deletes the
 // host Service, pool and policy guestnet created for this GuestIngress (nothing else), and
-// gives the guest Service's fields back (see releaseGuestService).
+// hands the guest Service back (releaseGuestService). When the guest is gone for good (its
+// Cluster or kubeconfig Secret is gone, clusterscope.GuestGone) or an admin gave up on it
+// (SkipGuestCleanupAnnotation), the finalizer goes without the guest, and a Warning event says
+// what was left there. Otherwise an unreachable guest is waited for: the ClusterCache's
+// connect event, a Cluster or Secret event, or the annotation brings the object back.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
-	if err := r.deleteHostObjects(ctx, s, true); err != nil {
+	gi := s.guestIngress
+	if err := r.deleteHostObjects(ctx, s, true, corev1.EventTypeNormal, eventDeleted, "the GuestIngress is being deleted"); err != nil {
 		return ctrl.Result{}, err
 	}
-	released, err := r.releaseGuestService(ctx, s)
-	if err != nil || !released {
-		return ctrl.Result{}, err
+	s.hostDeleted = true
+
+	leftBecause := ""
+	if gi.Annotations[guestnetv1.SkipGuestCleanupAnnotation] == "true" {
+		leftBecause = fmt.Sprintf("The annotation %s=true gives up on the guest", guestnetv1.SkipGuestCleanupAnnotation)
+	} else {
+		gone, why, err := clusterscope.GuestGone(ctx, r.APIReader, gi.Namespace, gi.Spec.ClusterName, s.cluster)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if gone {
+			leftBecause = why
+		} else {
+			released, err := r.releaseGuestService(ctx, s)
+			if err != nil || !released {
+				s.waitingForGuest = err == nil
+				return ctrl.Result{}, err
+			}
+		}
 	}
-	controllerutil.RemoveFinalizer(s.guestIngress, guestnetv1.GuestIngressFinalizer)
+	if leftBecause != "" {
+		r.event(ctx, gi, corev1.EventTypeWarning, guestnetv1.GuestGoneReason, eventActionDelete,
+			"%s: guestnet released the GuestIngress without giving back what it changed in the guest. %s", leftBecause, ingress.LeftInGuest(gi))
+	}
+	controllerutil.RemoveFinalizer(gi, guestnetv1.GuestIngressFinalizer)
 	return ctrl.Result{}, nil
 }
 
-// releaseGuestService gives back what guestnet applied to the guest Service: an apply of an
-// empty configuration as guestnet drops its ownership of the type and the fixed nodePorts.
-// Fields another manager (the user's Helm, kubectl) owns keep their values; fields only
-// guestnet owned go back to the apiserver's defaults (a ClusterIP Service that guestnet had
-// turned into a NodePort one is ClusterIP again, its nodePorts gone). Nothing is to give back
-// when the Cluster is gone, being deleted or was never provisioned. released is false while
-// the guest cannot be reached: the ClusterCache's connect event brings the object back.
+// releaseGuestService hands the guest Service back: first the values guestnet recorded before
+// it changed them are patched back (ingress.Restore), then an apply of an empty configuration
+// drops guestnet's ownership of what is left (and the record). A value that cannot be put
+// back (its nodePort is taken by another Service by now) is reported in a Warning event and
+// left as it is. The Service is read from the guest apiserver, not a cache: the record may
+// have been written a moment ago. released is false while the guest cannot be reached.
 func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope) (bool, error) {
 	gi := s.guestIngress
-	if s.cluster == nil || !s.cluster.DeletionTimestamp.IsZero() || !clusterscope.IsProvisioned(s.cluster) {
-		return true, nil
+	if !clusterscope.IsProvisioned(s.cluster) {
+		return true, nil // never provisioned: guestnet changed nothing in the guest
 	}
-	guestClient, err := r.ClusterCache.GetClient(ctx, client.ObjectKeyFromObject(s.cluster))
-	if err != nil {
-		clusterscope.SetClusterAvailableCondition(gi, s.cluster, err)
-		if errors.Is(err, clustercache.ErrClusterNotConnected) {
-			return false, nil
+	clusterKey := client.ObjectKeyFromObject(s.cluster)
+	guestClient, err := r.ClusterCache.GetClient(ctx, clusterKey)
+	if err == nil {
+		s.guestErr = nil
+		var reader client.Client
+		if reader, err = r.ClusterCache.GetUncachedClient(ctx, clusterKey); err == nil {
+			return r.restoreGuestService(ctx, gi, guestClient, reader)
 		}
-		return false, err
 	}
-	live := &corev1.Service{}
+	s.guestErr = err
+	if errors.Is(err, clustercache.ErrClusterNotConnected) {
+		return false, nil
+	}
+	return false, err
+}
+
+func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.GuestIngress, guestClient, reader client.Client) (bool, error) {
 	key := client.ObjectKey{Namespace: gi.Spec.GuestService.Namespace, Name: gi.Spec.GuestService.Name}
-	if err := guestClient.Get(ctx, key, live); err != nil {
+	live := &corev1.Service{}
+	if err := reader.Get(ctx, key, live); err != nil {
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	}
+	patches, _ := ingress.Restore(live)
+	for _, patch := range patches {
+		err := guestClient.Patch(ctx, live.DeepCopy(), client.RawPatch(types.JSONPatchType, patch.Patch), client.FieldOwner(ingress.RestoreFieldManager))
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case apierrors.IsInvalid(err) || apierrors.IsConflict(err) || apierrors.IsBadRequest(err):
+			r.event(ctx, gi, corev1.EventTypeWarning, eventRestored, eventActionRestore,
+				"Could not give %s back to Service %s in the guest, left as it is: %s", patch.What, key, ssa.APIErrorMessage(err))
+		case err != nil:
+			return false, fmt.Errorf("restoring %s of Service %s in the guest: %w", patch.What, key, err)
+		default:
+			r.event(ctx, gi, corev1.EventTypeNormal, eventRestored, eventActionRestore,
+				"Gave %s back to Service %s in the guest (what it had before guestnet changed it)", patch.What, key)
+		}
+	}
+	if len(patches) > 0 {
+		if err := reader.Get(ctx, key, live); err != nil {
+			return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+		}
 	}
 	release := ingress.Release(live)
 	if upToDate, err := ssa.ServiceUpToDate(release, live); err != nil || upToDate {
@@ -479,29 +612,30 @@ func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope) (bool, e
 		}
 		return false, fmt.Errorf("releasing Service %s in the guest: %w", key, err)
 	}
-	r.recorder.Eventf(gi, nil, corev1.EventTypeNormal, eventReleased, eventActionApply,
+	r.event(ctx, gi, corev1.EventTypeNormal, eventReleased, eventActionApply,
 		"Gave back the fields guestnet applied to Service %s in the guest", key)
 	return true, nil
 }
 
 // deleteHostObjects deletes the host Service, pool and L2 policy guestnet created for the
-// GuestIngress, if they exist. thorough also looks past the cache (at deletion, so that
-// nothing is left behind).
-func (r *Reconciler) deleteHostObjects(ctx context.Context, s *scope, thorough bool) error {
+// GuestIngress, if they exist, recording each deletion as an event of that type and reason
+// that says why. thorough also looks past the cache (at deletion, so that nothing is left
+// behind).
+func (r *Reconciler) deleteHostObjects(ctx context.Context, s *scope, thorough bool, eventType, reason, why string) error {
 	gi := s.guestIngress
 	return kerrors.NewAggregate([]error{
-		r.deleteOwned(ctx, s, &corev1.Service{}, hostnames.HostService(gi), gi.Namespace, thorough),
-		r.deleteOwned(ctx, s, ingress.NewPool(), hostnames.Pool(gi), "", thorough),
-		r.deleteOwned(ctx, s, ingress.NewL2Policy(), hostnames.L2Policy(gi), "", thorough),
+		r.deleteOwned(ctx, s, &corev1.Service{}, hostnames.HostService(gi), gi.Namespace, thorough, eventType, reason, why),
+		r.deleteOwned(ctx, s, ingress.NewPool(), hostnames.Pool(gi), "", thorough, eventType, reason, why),
+		r.deleteOwned(ctx, s, ingress.NewL2Policy(), hostnames.L2Policy(gi), "", thorough, eventType, reason, why),
 	})
 }
 
 // deleteOwned deletes the object of that kind (obj) and name if guestnet created it for the
 // GuestIngress; anything else of that name is left alone.
-func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Object, name, namespace string, thorough bool) error {
+func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Object, name, namespace string, thorough bool, eventType, reason, why string) error {
 	key := client.ObjectKey{Namespace: namespace, Name: name}
 	err := r.Client.Get(ctx, key, obj)
-	if apierrors.IsNotFound(err) && thorough && r.APIReader != nil {
+	if apierrors.IsNotFound(err) && thorough {
 		err = r.APIReader.Get(ctx, key, obj)
 	}
 	if err != nil {
@@ -514,15 +648,14 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	kind := obj.GetObjectKind().GroupVersionKind().Kind
-	if kind == "" {
-		kind = "Service"
-	}
-	r.recorder.Eventf(s.guestIngress, nil, corev1.EventTypeNormal, eventDeleted, eventActionDelete, "Deleted %s %s", kind, key)
+	r.event(ctx, s.guestIngress, eventType, reason, eventActionDelete, "Deleted %s %s: %s", kindOf(obj), key, why)
 	return nil
 }
 
-// setReadyCondition summarises readyConditions into Ready.
-func setReadyCondition(guestIngress *guestnetv1.GuestIngress) {
-	clusterscope.SetReadyCondition(guestIngress, readyConditions...)
+// event records an event on the GuestIngress and logs it at the default level: every write
+// guestnet makes is in both.
+func (r *Reconciler) event(ctx context.Context, gi *guestnetv1.GuestIngress, eventType, reason, action, note string, args ...any) {
+	msg := fmt.Sprintf(note, args...)
+	ctrl.LoggerFrom(ctx).Info(msg, "reason", reason)
+	r.recorder.Eventf(gi, nil, eventType, reason, action, "%s", clusterscope.Bound(msg, 1000))
 }

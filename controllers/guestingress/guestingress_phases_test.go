@@ -25,64 +25,13 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
-
-func condition(conditionType string, status metav1.ConditionStatus) metav1.Condition {
-	return metav1.Condition{Type: conditionType, Status: status, Reason: "Test"}
-}
-
-func TestSetReadyCondition(t *testing.T) {
-	allTrue := func() []metav1.Condition {
-		var cs []metav1.Condition
-		for _, conditionType := range readyConditions {
-			cs = append(cs, condition(conditionType, metav1.ConditionTrue))
-		}
-		return cs
-	}
-
-	tests := []struct {
-		name       string
-		conditions []metav1.Condition
-		wantStatus metav1.ConditionStatus
-	}{
-		{
-			// Until the host exposure is reported, a reachable Cluster alone is not Ready.
-			name:       "only ClusterAvailable reported",
-			conditions: []metav1.Condition{condition(guestnetv1.ClusterAvailableCondition, metav1.ConditionTrue)},
-			wantStatus: metav1.ConditionUnknown,
-		},
-		{
-			name:       "every summarised condition True",
-			conditions: allTrue(),
-			wantStatus: metav1.ConditionTrue,
-		},
-		{
-			name:       "no endpoints",
-			conditions: append(allTrue()[:3], condition(guestnetv1.EndpointsReadyCondition, metav1.ConditionFalse)),
-			wantStatus: metav1.ConditionFalse,
-		},
-		{
-			name:       "Paused is not summarised",
-			conditions: append(allTrue(), condition(guestnetv1.PausedCondition, metav1.ConditionTrue)),
-			wantStatus: metav1.ConditionTrue,
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			g := NewWithT(t)
-			gi := &guestnetv1.GuestIngress{Status: guestnetv1.GuestIngressStatus{Conditions: tt.conditions}}
-
-			setReadyCondition(gi)
-
-			g.Expect(conditions.Get(gi, guestnetv1.ReadyCondition).Status).To(Equal(tt.wantStatus))
-		})
-	}
-}
 
 func TestOwnedConditions(t *testing.T) {
 	g := NewWithT(t)
-	g.Expect(ownedConditions).To(ContainElements(guestnetv1.ReadyCondition, guestnetv1.PausedCondition))
-	g.Expect(ownedConditions).To(ContainElements(readyConditions))
+	g.Expect(ownedConditions).To(ContainElements(guestnetv1.ReadyCondition, guestnetv1.PausedCondition, guestnetv1.AdmittedCondition))
+	g.Expect(ownedConditions).To(ContainElements(ingress.SummarisedConditions))
 }
 
 func TestReconcileDeleteReleasesTheObject(t *testing.T) {
@@ -120,6 +69,7 @@ func newFakeReconciler(t *testing.T, objs ...client.Object) *Reconciler {
 		Client:       c,
 		APIReader:    c,
 		ClusterCache: clustercache.NewFakeEmptyClusterCache(),
+		Admit:        policy.Admit,
 		recorder:     events.NewFakeRecorder(100),
 	}
 }
@@ -144,8 +94,9 @@ func TestReconcileNormalChangesNothingWhileTheGuestIsUnreachable(t *testing.T) {
 	hostSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "k0smotron", Name: "tenant-a-web", Labels: map[string]string{"app.kubernetes.io/managed-by": "guestnet"},
 		OwnerReferences: []metav1.OwnerReference{{Kind: "GuestIngress", Name: "web", UID: "uid-1", Controller: ptr.To(true)}},
-	}}
-	r := newFakeReconciler(t, hostSvc)
+	}, Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "10.2.6.220"}}}}}
+	kubeconfig := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "tenant-a-kubeconfig"}}
+	r := newFakeReconciler(t, hostSvc, kubeconfig, cluster.DeepCopy(), gi.DeepCopy())
 	var writes []string
 	r.Client = interceptor.NewClient(r.Client.(client.WithWatch), interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
@@ -166,19 +117,35 @@ func TestReconcileNormalChangesNothingWhileTheGuestIsUnreachable(t *testing.T) {
 		},
 	})
 
-	_, err := r.reconcileNormal(context.Background(), &scope{guestIngress: gi, cluster: cluster})
+	s := &scope{guestIngress: gi, cluster: cluster}
+	_, err := r.reconcileNormal(context.Background(), s)
+	updateStatus(s)
 
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(writes).To(BeEmpty())
 	g.Expect(conditions.GetReason(gi, guestnetv1.ClusterAvailableCondition)).To(Equal(guestnetv1.GuestUnreachableReason))
-	g.Expect(gi.Status.LoadBalancerIP).To(Equal("10.2.6.220"), "the last known state stays in status")
+	g.Expect(gi.Status.LoadBalancerIP).To(Equal("10.2.6.220"), "the host Service, as it is, is in status")
+	g.Expect(conditions.GetReason(gi, guestnetv1.GuestServiceReadyCondition)).To(Equal(guestnetv1.GuestUnreachableReason))
+	g.Expect(conditions.GetReason(gi, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.GuestUnreachableReason))
 
 	// A deletion waits for the guest too: guestnet gives the guest Service back before it
 	// lets the object go.
 	gi.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	gi.Finalizers = []string{guestnetv1.GuestIngressFinalizer}
-	_, err = r.reconcileDelete(context.Background(), &scope{guestIngress: gi, cluster: cluster})
+	s = &scope{guestIngress: gi, cluster: cluster}
+	_, err = r.reconcileDelete(context.Background(), s)
+	updateStatus(s)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(gi.Finalizers).To(ConsistOf(guestnetv1.GuestIngressFinalizer))
 	g.Expect(writes).To(ConsistOf("delete tenant-a-web"), "the host objects go at once")
+	g.Expect(conditions.Get(gi, guestnetv1.ReadyCondition).Message).To(ContainSubstring(guestnetv1.SkipGuestCleanupAnnotation))
+	g.Expect(gi.Status.LoadBalancerIP).To(BeEmpty())
+
+	// An admin gives up on the guest: the finalizer goes, and an event says what was left.
+	gi.Annotations = map[string]string{guestnetv1.SkipGuestCleanupAnnotation: "true"}
+	_, err = r.reconcileDelete(context.Background(), &scope{guestIngress: gi, cluster: cluster})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(gi.Finalizers).To(BeEmpty())
+	g.Expect(<-r.recorder.(*events.FakeRecorder).Events).To(ContainSubstring("Deleted Service k0smotron/tenant-a-web"))
+	g.Expect(<-r.recorder.(*events.FakeRecorder).Events).To(And(ContainSubstring("Warning GuestGone"), ContainSubstring("Service projectcontour/envoy in the guest may keep")))
 }

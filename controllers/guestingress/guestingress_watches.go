@@ -6,10 +6,16 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
@@ -76,17 +82,24 @@ func (r *Reconciler) hostObjectToGuestIngress(ctx context.Context, o client.Obje
 }
 
 // poolToGuestIngresses maps a CiliumLoadBalancerIPPool to the GuestIngress it was created for,
-// and to the GuestIngresses whose poolRef names it.
+// to the GuestIngresses whose poolRef names it, and to those that ask for address space in it
+// (a pool that holds addresses, an admin's pool they were refused for).
 func (r *Reconciler) poolToGuestIngresses(ctx context.Context, o client.Object) []reconcile.Request {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return nil
+	}
 	requests := r.hostObjectToGuestIngress(ctx, o)
-	list := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, list); err != nil {
+	list, err := r.conflictCandidates(ctx)
+	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
 		return requests
 	}
-	for i := range list.Items {
-		if ref := list.Items[i].Spec.LoadBalancer.PoolRef; ref != nil && ref.Name == o.GetName() {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	blocks := ingress.Claim{Prefixes: ingress.PoolBlocks(u)}
+	for i := range list {
+		gi := &list[i]
+		if ref := gi.Spec.LoadBalancer.PoolRef; (ref != nil && ref.Name == o.GetName()) || ingress.ClaimOf(gi).Collides(blocks) {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gi)})
 		}
 	}
 	return requests
@@ -97,20 +110,118 @@ func (r *Reconciler) poolToGuestIngresses(ctx context.Context, o client.Object) 
 // decided again. Both the old and the new version of an update are mapped.
 func (r *Reconciler) collidingGuestIngresses(ctx context.Context, o client.Object) []reconcile.Request {
 	gi, ok := o.(*guestnetv1.GuestIngress)
-	if !ok || ingress.ClaimOf(gi).Empty() {
+	if !ok {
 		return nil
 	}
-	list := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, list); err != nil {
+	return r.guestIngressesColliding(ctx, client.ObjectKeyFromObject(gi), ingress.ClaimOf(gi))
+}
+
+// hostServiceToCollidingGuestIngresses maps a host Service guestnet created to the
+// GuestIngresses whose claims collide with its GuestIngress's, or with the IPs it requests:
+// with poolRef, the Service is what holds the IP.
+func (r *Reconciler) hostServiceToCollidingGuestIngresses(ctx context.Context, o client.Object) []reconcile.Request {
+	svc, ok := o.(*corev1.Service)
+	key, owned := hostnames.GuestIngressOf(o)
+	if !ok || !owned {
+		return nil
+	}
+	claims := []ingress.Claim{}
+	for _, ip := range ingress.ServiceIPs(svc) {
+		claims = append(claims, ingress.Claim{IP: ip})
+	}
+	gi := &guestnetv1.GuestIngress{}
+	if err := r.Client.Get(ctx, key, gi); err == nil {
+		claims = append(claims, ingress.ClaimOf(gi))
+	}
+	return r.guestIngressesColliding(ctx, key, claims...)
+}
+
+// guestIngressesColliding lists the GuestIngresses but except whose claims collide with any of
+// claims.
+func (r *Reconciler) guestIngressesColliding(ctx context.Context, except client.ObjectKey, claims ...ingress.Claim) []reconcile.Request {
+	list, err := r.conflictCandidates(ctx)
+	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
 		return nil
 	}
 	var requests []reconcile.Request
-	for i := range list.Items {
-		other := &list.Items[i]
-		if (other.Namespace != gi.Namespace || other.Name != gi.Name) && ingress.Overlap(gi, other) {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(other)})
+	for i := range list {
+		other := &list[i]
+		key := client.ObjectKeyFromObject(other)
+		if key == except {
+			continue
+		}
+		wants := ingress.ClaimOf(other)
+		if slices.ContainsFunc(claims, wants.Collides) {
+			requests = append(requests, reconcile.Request{NamespacedName: key})
 		}
 	}
 	return requests
+}
+
+// namespaceGuestIngresses maps a Namespace (its labels decide which policies select it) or a
+// GuestIngress that comes or goes (a policy may cap how many a namespace has) to the
+// GuestIngresses of that namespace.
+func (r *Reconciler) namespaceGuestIngresses(ctx context.Context, o client.Object) []reconcile.Request {
+	namespace := o.GetNamespace()
+	if _, ok := o.(*corev1.Namespace); ok {
+		namespace = o.GetName()
+	}
+	list := &guestnetv1.GuestIngressList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses", "namespace", namespace)
+		return nil
+	}
+	return requestsFor(list.Items, client.ObjectKeyFromObject(o))
+}
+
+// allGuestIngresses maps a GuestIngressPolicy to every GuestIngress: which namespaces it
+// selects, and what it admits there, may have changed.
+func (r *Reconciler) allGuestIngresses(ctx context.Context, _ client.Object) []reconcile.Request {
+	list, err := r.conflictCandidates(ctx)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
+		return nil
+	}
+	return requestsFor(list, client.ObjectKey{})
+}
+
+func requestsFor(list []guestnetv1.GuestIngress, except client.ObjectKey) []reconcile.Request {
+	var requests []reconcile.Request
+	for i := range list {
+		if key := client.ObjectKeyFromObject(&list[i]); key != except {
+			requests = append(requests, reconcile.Request{NamespacedName: key})
+		}
+	}
+	return requests
+}
+
+// secretToGuestIngresses maps a <cluster>-kubeconfig Secret to the GuestIngresses of its
+// Cluster (clusterToGuestIngresses).
+func secretToGuestIngresses(clusterToGuestIngresses handler.MapFunc) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetLabels()[clusterv1.ClusterNameLabel]}}
+		return clusterToGuestIngresses(ctx, cluster)
+	}
+}
+
+// kubeconfigSecret passes the creation and deletion of a Cluster's <cluster>-kubeconfig Secret.
+var kubeconfigSecret = predicate.Funcs{
+	CreateFunc:  func(e event.CreateEvent) bool { return isKubeconfigSecret(e.Object) },
+	DeleteFunc:  func(e event.DeleteEvent) bool { return isKubeconfigSecret(e.Object) },
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
+func isKubeconfigSecret(o client.Object) bool {
+	cluster := o.GetLabels()[clusterv1.ClusterNameLabel]
+	return cluster != "" && o.GetName() == cluster+"-kubeconfig"
+}
+
+// createOrDelete passes creations and deletions only.
+var createOrDelete = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return true },
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
 }

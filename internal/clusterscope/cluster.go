@@ -46,17 +46,24 @@ func IsProvisioned(cluster *clusterv1.Cluster) bool {
 // A nil client with a nil error means "not yet": the Cluster watch or the ClusterCache's
 // connect event brings the object back, so there is nothing to poll.
 func Connect(ctx context.Context, cc clustercache.ClusterCache, obj Object, cluster *clusterv1.Cluster) (client.Client, error) {
-	var guestClient client.Client
-	var guestErr error
-	if IsProvisioned(cluster) {
-		guestClient, guestErr = cc.GetClient(ctx, client.ObjectKeyFromObject(cluster))
-	}
+	guestClient, guestErr := GuestClient(ctx, cc, cluster)
 	SetClusterAvailableCondition(obj, cluster, guestErr)
 
 	if guestErr != nil && !errors.Is(guestErr, clustercache.ErrClusterNotConnected) {
 		return nil, guestErr
 	}
 	return guestClient, nil
+}
+
+// GuestClient returns a client for the guest cluster when the Cluster exists, is provisioned
+// and the ClusterCache holds a connection to its apiserver; guestErr is the ClusterCache's
+// error (clustercache.ErrClusterNotConnected while it is not connected), for
+// SetClusterAvailableCondition. Both are nil before the Cluster is provisioned.
+func GuestClient(ctx context.Context, cc clustercache.ClusterCache, cluster *clusterv1.Cluster) (guestClient client.Client, guestErr error) {
+	if !IsProvisioned(cluster) {
+		return nil, nil
+	}
+	return cc.GetClient(ctx, client.ObjectKeyFromObject(cluster))
 }
 
 // GuestGone reports whether the guest of a Cluster is gone for good, so that nothing in it

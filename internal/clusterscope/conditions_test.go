@@ -155,6 +155,14 @@ func TestSetClusterAvailableCondition(t *testing.T) {
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.ClusterNotProvisionedReason,
 		},
 		{
+			name: "Cluster being deleted", cluster: newCluster(provisioned, func(c *clusterv1.Cluster) {
+				c.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+				c.Finalizers = []string{"cluster.x-k8s.io"}
+			}),
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.GuestGoneReason,
+			wantMessage: []string{"Cluster guest is being deleted"},
+		},
+		{
 			name: "guest apiserver unreachable", cluster: newCluster(provisioned), guestErr: errors.New("connection refused"),
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.GuestUnreachableReason,
 			wantMessage: []string{"Secret guest-kubeconfig", "connection refused"},
@@ -206,7 +214,17 @@ func TestSetReadyCondition(t *testing.T) {
 		{
 			name:       "one False",
 			conditions: []metav1.Condition{trueCondition("A"), falseCondition("B", "fix B")},
-			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.NotReadyReason, wantMessage: "fix B",
+			wantStatus: metav1.ConditionFalse, wantReason: "Broken", wantMessage: "fix B",
+		},
+		{
+			name:       "two False: the reason of the first in the summary's order",
+			conditions: []metav1.Condition{falseCondition("B", "fix B"), {Type: "A", Status: metav1.ConditionFalse, Reason: "BrokenFirst", Message: "fix A"}},
+			wantStatus: metav1.ConditionFalse, wantReason: "BrokenFirst", wantMessage: "* A: fix A\n* B: fix B",
+		},
+		{
+			name:       "False wins over Unknown",
+			conditions: []metav1.Condition{{Type: "A", Status: metav1.ConditionUnknown, Reason: "Hm"}, falseCondition("B", "fix B")},
+			wantStatus: metav1.ConditionFalse, wantReason: "Broken",
 		},
 		{
 			name:       "one not reported yet",
@@ -252,4 +270,10 @@ func TestSetReadyConditionWithoutTypesIsAnInternalError(t *testing.T) {
 	SetReadyCondition(obj)
 
 	g.Expect(conditions.GetReason(obj, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.InternalErrorReason))
+}
+
+func TestBound(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(Bound("short", 10)).To(Equal("short"))
+	g.Expect(Bound("ééééé", 8)).To(Equal("éé..."), "cut at a rune boundary")
 }

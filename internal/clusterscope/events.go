@@ -12,7 +12,12 @@ import (
 )
 
 // eventAction is the events.k8s.io action of every condition event: the reconcile noticed it.
-const eventAction = "Reconcile"
+// Ready's events have their own (readyEventAction): Ready takes the reason of the condition it
+// names, and the recorder folds events of the same type, reason and action into one.
+const (
+	eventAction      = "Reconcile"
+	readyEventAction = "Summarise"
+)
 
 // maxEventNote keeps a note well below the 1 kB events.k8s.io allows.
 const maxEventNote = 512
@@ -23,6 +28,8 @@ type ConditionEvent struct {
 	Type string
 	// Reason is the condition's new reason.
 	Reason string
+	// Action is the events.k8s.io action: Summarise for Ready, Reconcile for the others.
+	Action string
 	// Note says which condition changed to what, and why.
 	Note string
 }
@@ -44,7 +51,11 @@ func ConditionChanges(before, after []metav1.Condition) []ConditionEvent {
 		if len(note) > maxEventNote {
 			note = note[:maxEventNote-3] + "..."
 		}
-		changes = append(changes, ConditionEvent{Type: eventType(c), Reason: c.Reason, Note: note})
+		action := eventAction
+		if c.Type == guestnetv1.ReadyCondition {
+			action = readyEventAction
+		}
+		changes = append(changes, ConditionEvent{Type: eventType(c), Reason: c.Reason, Action: action, Note: note})
 	}
 	return changes
 }
@@ -62,6 +73,6 @@ func eventType(c metav1.Condition) string {
 // before, so `kubectl describe` and `kubectl get events` tell the story of the object.
 func RecordConditionChanges(recorder events.EventRecorder, obj Object, before []metav1.Condition) {
 	for _, e := range ConditionChanges(before, obj.GetConditions()) {
-		recorder.Eventf(obj, nil, e.Type, e.Reason, eventAction, "%s", e.Note)
+		recorder.Eventf(obj, nil, e.Type, e.Reason, e.Action, "%s", e.Note)
 	}
 }

@@ -35,8 +35,8 @@ func TestConditionChanges(t *testing.T) {
 			name:  "new conditions",
 			after: []metav1.Condition{notPaused, notFound},
 			want: []ConditionEvent{
-				{Type: corev1.EventTypeNormal, Reason: guestnetv1.NotPausedReason, Note: "Paused is False"},
-				{Type: corev1.EventTypeWarning, Reason: guestnetv1.ClusterNotFoundReason, Note: "ClusterAvailable is False: create it"},
+				{Type: corev1.EventTypeNormal, Reason: guestnetv1.NotPausedReason, Action: "Reconcile", Note: "Paused is False"},
+				{Type: corev1.EventTypeWarning, Reason: guestnetv1.ClusterNotFoundReason, Action: "Reconcile", Note: "ClusterAvailable is False: create it"},
 			},
 		},
 		{
@@ -44,7 +44,7 @@ func TestConditionChanges(t *testing.T) {
 			before: []metav1.Condition{notPaused},
 			after:  []metav1.Condition{paused},
 			want: []ConditionEvent{
-				{Type: corev1.EventTypeNormal, Reason: guestnetv1.PausedReason, Note: "Paused is True: Cluster guest has spec.paused set to true"},
+				{Type: corev1.EventTypeNormal, Reason: guestnetv1.PausedReason, Action: "Reconcile", Note: "Paused is True: Cluster guest has spec.paused set to true"},
 			},
 		},
 		{
@@ -52,7 +52,17 @@ func TestConditionChanges(t *testing.T) {
 			before: []metav1.Condition{notFound},
 			after:  []metav1.Condition{notProvisioned},
 			want: []ConditionEvent{
-				{Type: corev1.EventTypeWarning, Reason: guestnetv1.ClusterNotProvisionedReason, Note: "ClusterAvailable is False"},
+				{Type: corev1.EventTypeWarning, Reason: guestnetv1.ClusterNotProvisionedReason, Action: "Reconcile", Note: "ClusterAvailable is False"},
+			},
+		},
+		{
+			// Ready takes the reason of the condition it names: its own action keeps the
+			// recorder from folding the two events into one.
+			name:  "Ready has its own action",
+			after: []metav1.Condition{notFound, {Type: guestnetv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: guestnetv1.ClusterNotFoundReason}},
+			want: []ConditionEvent{
+				{Type: corev1.EventTypeWarning, Reason: guestnetv1.ClusterNotFoundReason, Action: "Reconcile", Note: "ClusterAvailable is False: create it"},
+				{Type: corev1.EventTypeWarning, Reason: guestnetv1.ClusterNotFoundReason, Action: "Summarise", Note: "Ready is False"},
 			},
 		},
 		{
@@ -60,7 +70,7 @@ func TestConditionChanges(t *testing.T) {
 			before: []metav1.Condition{notProvisioned},
 			after:  []metav1.Condition{available},
 			want: []ConditionEvent{
-				{Type: corev1.EventTypeNormal, Reason: guestnetv1.ClusterAvailableReason, Note: "ClusterAvailable is True"},
+				{Type: corev1.EventTypeNormal, Reason: guestnetv1.ClusterAvailableReason, Action: "Reconcile", Note: "ClusterAvailable is True"},
 			},
 		},
 	}

@@ -11,7 +11,8 @@ import (
 
 // ClusterChanged passes the Cluster events that change what a guestnet object reports or may
 // do: creation and deletion (ClusterAvailable), pause transitions of spec.paused or of the
-// paused annotation (Paused), and infrastructureProvisioned transitions (ClusterAvailable).
+// paused annotation (Paused), infrastructureProvisioned transitions (ClusterAvailable), and the
+// start of its deletion (its guest is then gone for good: clusterscope.GuestGone).
 // Every other Cluster update (status churn mostly) is dropped.
 func ClusterChanged() predicate.Funcs {
 	return predicate.Funcs{
@@ -25,7 +26,8 @@ func ClusterChanged() predicate.Funcs {
 			}
 			return ptr.Deref(oldCluster.Spec.Paused, false) != ptr.Deref(newCluster.Spec.Paused, false) ||
 				annotations.HasPaused(oldCluster) != annotations.HasPaused(newCluster) ||
-				IsProvisioned(oldCluster) != IsProvisioned(newCluster)
+				IsProvisioned(oldCluster) != IsProvisioned(newCluster) ||
+				oldCluster.DeletionTimestamp.IsZero() != newCluster.DeletionTimestamp.IsZero()
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}

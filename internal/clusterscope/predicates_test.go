@@ -2,8 +2,10 @@ package clusterscope
 
 import (
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
@@ -30,6 +32,9 @@ func TestClusterChanged(t *testing.T) {
 			want: true,
 		},
 		{name: "infrastructure provisioned", old: newCluster(), new: newCluster(provisioned), want: true},
+		{name: "deletion started (the guest is gone for good)", old: newCluster(), new: newCluster(func(c *clusterv1.Cluster) {
+			c.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		}), want: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

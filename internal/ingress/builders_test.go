@@ -232,15 +232,17 @@ func TestGuestService(t *testing.T) {
 		}
 	}
 	tests := []struct {
-		name      string
-		gi        *guestnetv1.GuestIngress
-		live      *corev1.Service
-		wantType  corev1.ServiceType
-		wantPorts []corev1.ServicePort
-		wantEmpty bool
+		name        string
+		gi          *guestnetv1.GuestIngress
+		live        *corev1.Service
+		wantType    corev1.ServiceType
+		wantPorts   []corev1.ServicePort
+		wantRecord  string // the OriginalGuestServiceAnnotation, "" for none
+		wantEmpty   bool
+		wantRefusal string
 	}{
 		{
-			name:     "ClusterIP becomes NodePort with the fixed nodePorts, in the Service's order",
+			name:     "ClusterIP becomes NodePort with the fixed nodePorts, in the Service's order; the record keeps ClusterIP",
 			gi:       newGI(),
 			live:     guestSvc(corev1.ServiceTypeClusterIP, sp("https", 443, 0), sp("http", 80, 0)),
 			wantType: corev1.ServiceTypeNodePort,
@@ -248,14 +250,23 @@ func TestGuestService(t *testing.T) {
 				{Port: 443, Protocol: corev1.ProtocolTCP, NodePort: 30443},
 				{Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080},
 			},
+			wantRecord: `{"type":"ClusterIP","nodePorts":[{"port":443,"protocol":"TCP"},{"port":80,"protocol":"TCP"}]}`,
 		},
 		{
 			// Under server-side apply, leaving the type out would give it up: NodePort stays
 			// in the configuration.
-			name:     "NodePort, nodePorts followed: only the type",
+			name:     "NodePort, nodePorts followed: only the type, nothing to record",
 			gi:       newGI(follow),
 			live:     guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 31000), sp("https", 443, 31001)),
 			wantType: corev1.ServiceTypeNodePort,
+		},
+		{
+			name:       "NodePort with the user's nodePorts: those guestnet changes are recorded",
+			gi:         newGI(),
+			live:       guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 31000), sp("https", 443, 30443)),
+			wantType:   corev1.ServiceTypeNodePort,
+			wantPorts:  []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}, {Port: 443, Protocol: corev1.ProtocolTCP, NodePort: 30443}},
+			wantRecord: `{"nodePorts":[{"port":80,"protocol":"TCP","nodePort":31000}]}`,
 		},
 		{
 			name:      "LoadBalancer allocates nodePorts: left alone",
@@ -264,46 +275,160 @@ func TestGuestService(t *testing.T) {
 			wantEmpty: true,
 		},
 		{
-			name: "LoadBalancer without nodePorts becomes NodePort",
+			name:       "LoadBalancer with fixed nodePorts: the type stays, the nodePorts are recorded",
+			gi:         newGI(),
+			live:       guestSvc(corev1.ServiceTypeLoadBalancer, sp("http", 80, 31000), sp("https", 443, 31001)),
+			wantPorts:  []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}, {Port: 443, Protocol: corev1.ProtocolTCP, NodePort: 30443}},
+			wantRecord: `{"nodePorts":[{"port":80,"protocol":"TCP","nodePort":31000},{"port":443,"protocol":"TCP","nodePort":31001}]}`,
+		},
+		{
+			name: "LoadBalancer without nodePorts is refused, not made NodePort",
 			gi:   newGI(follow),
 			live: func() *corev1.Service {
 				s := guestSvc(corev1.ServiceTypeLoadBalancer, sp("http", 80, 0), sp("https", 443, 0))
 				s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
 				return s
 			}(),
-			wantType: corev1.ServiceTypeNodePort,
+			wantRefusal: "Set allocateLoadBalancerNodePorts to true",
 		},
 		{
-			name:      "a port the Service lacks is never added",
-			gi:        newGI(),
-			live:      guestSvc(corev1.ServiceTypeClusterIP, sp("http", 80, 0), sp("metrics", 8002, 0)),
-			wantType:  corev1.ServiceTypeNodePort,
-			wantPorts: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}},
+			name:        "ExternalName is refused",
+			gi:          newGI(),
+			live:        guestSvc(corev1.ServiceTypeExternalName),
+			wantRefusal: "ExternalName",
+		},
+		{
+			name: "headless is refused",
+			gi:   newGI(),
+			live: func() *corev1.Service {
+				s := guestSvc(corev1.ServiceTypeClusterIP, sp("http", 80, 0))
+				s.Spec.ClusterIP = corev1.ClusterIPNone
+				return s
+			}(),
+			wantRefusal: "headless",
+		},
+		{
+			name:       "a port the Service lacks is never added",
+			gi:         newGI(),
+			live:       guestSvc(corev1.ServiceTypeClusterIP, sp("http", 80, 0), sp("metrics", 8002, 0)),
+			wantType:   corev1.ServiceTypeNodePort,
+			wantPorts:  []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}},
+			wantRecord: `{"type":"ClusterIP","nodePorts":[{"port":80,"protocol":"TCP"}]}`,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			ac := GuestService(tt.gi, tt.live)
+			ac, refusal := GuestService(tt.gi, tt.live)
+			if tt.wantRefusal != "" {
+				g.Expect(ac).To(BeNil())
+				g.Expect(refusal).To(ContainSubstring(tt.wantRefusal))
+				g.Expect(refusal).To(ContainSubstring("projectcontour/envoy"))
+				return
+			}
+			g.Expect(refusal).To(BeEmpty())
 			g.Expect(*ac.Name).To(Equal("envoy"))
 			g.Expect(*ac.Namespace).To(Equal("projectcontour"))
 			if tt.wantEmpty {
 				g.Expect(ac.Spec).To(BeNil())
+				g.Expect(ac.Annotations).To(BeNil())
 				return
 			}
 			svc := toService(t, ac)
 			g.Expect(svc.Spec.Type).To(Equal(tt.wantType))
 			g.Expect(svc.Spec.Ports).To(Equal(tt.wantPorts))
+			g.Expect(svc.Annotations[guestnetv1.OriginalGuestServiceAnnotation]).To(Equal(tt.wantRecord))
 			// Nothing else of the user's Service is in the configuration.
 			svc.Spec.Type, svc.Spec.Ports = "", nil
 			g.Expect(svc.Spec).To(Equal(corev1.ServiceSpec{}))
 			g.Expect(svc.Labels).To(BeNil())
-			g.Expect(svc.Annotations).To(BeNil())
+			g.Expect(len(svc.Annotations)).To(BeNumerically("<=", 1))
 		})
 	}
 	g := NewWithT(t)
 	release := toService(t, Release(guestSvc(corev1.ServiceTypeNodePort)))
 	g.Expect(release.Spec).To(Equal(corev1.ServiceSpec{}), "the release gives back every field")
+	g.Expect(release.Annotations).To(BeNil(), "and the record")
+}
+
+// Once guestnet owns a field, what it recorded stays the record: its own value never becomes
+// "what the user had". A field the user took back is recorded anew.
+func TestGuestServiceRecordKeepsTheUsersValues(t *testing.T) {
+	g := NewWithT(t)
+	gi := newGI()
+	live := guestSvc(corev1.ServiceTypeClusterIP, sp("http", 80, 0), sp("https", 443, 0))
+	first, _ := GuestService(gi, live)
+
+	// The Service as the apiserver keeps it after guestnet's apply.
+	applied := toService(t, first)
+	live.Spec.Type = corev1.ServiceTypeNodePort
+	live.Spec.Ports[0].NodePort, live.Spec.Ports[1].NodePort = 30080, 30443
+	live.Annotations = applied.Annotations
+	live.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "guestnet", Operation: metav1.ManagedFieldsOperationApply, FieldsType: "FieldsV1",
+		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:annotations":{"f:guestnet.addons.cluster.x-k8s.io/original":{}}},"f:spec":{"f:type":{},` +
+			`"f:ports":{"k:{\"port\":80,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}},` +
+			`"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}}}}}`)}}}
+	second, _ := GuestService(gi, live)
+	g.Expect(toService(t, second).Annotations).To(Equal(applied.Annotations))
+
+	// The user's Helm sets nodePort 31000 on port 80: guestnet no longer owns it.
+	live.Spec.Ports[0].NodePort = 31000
+	live.ManagedFields[0].FieldsV1.Raw = []byte(`{"f:metadata":{"f:annotations":{"f:guestnet.addons.cluster.x-k8s.io/original":{}}},"f:spec":{"f:type":{},` +
+		`"f:ports":{"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}}}}}`)
+	third, _ := GuestService(gi, live)
+	g.Expect(toService(t, third).Annotations[guestnetv1.OriginalGuestServiceAnnotation]).To(
+		Equal(`{"type":"ClusterIP","nodePorts":[{"port":80,"protocol":"TCP","nodePort":31000},{"port":443,"protocol":"TCP"}]}`))
+}
+
+func TestRestore(t *testing.T) {
+	withRecord := func(svc *corev1.Service, record string) *corev1.Service {
+		svc.Annotations = map[string]string{guestnetv1.OriginalGuestServiceAnnotation: record}
+		return svc
+	}
+	tests := []struct {
+		name         string
+		live         *corev1.Service
+		wantWhat     []string
+		wantPatches  []string
+		wantRecorded bool
+	}{
+		{
+			name:         "NodePort back to ClusterIP: the apiserver drops the nodePorts with the type",
+			live:         withRecord(guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 30080)), `{"type":"ClusterIP","nodePorts":[{"port":80,"protocol":"TCP"}]}`),
+			wantWhat:     []string{"type ClusterIP"},
+			wantPatches:  []string{`[{"op":"test","path":"/spec/type","value":"NodePort"},{"op":"replace","path":"/spec/type","value":"ClusterIP"}]`},
+			wantRecorded: true,
+		},
+		{
+			name: "the user's nodePorts back, each on its own",
+			live: withRecord(guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 30080), sp("https", 443, 30443)),
+				`{"type":"NodePort","nodePorts":[{"port":80,"protocol":"TCP","nodePort":31000},{"port":443,"protocol":"TCP","nodePort":30443}]}`),
+			wantWhat: []string{"nodePort 31000 of port 80/TCP"},
+			wantPatches: []string{`[{"op":"test","path":"/spec/ports/0/port","value":80},{"op":"test","path":"/spec/ports/0/nodePort","value":30080},` +
+				`{"op":"replace","path":"/spec/ports/0/nodePort","value":31000}]`},
+			wantRecorded: true,
+		},
+		{
+			name:         "nothing changed",
+			live:         withRecord(guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 31000)), `{"type":"NodePort","nodePorts":[{"port":80,"protocol":"TCP","nodePort":31000}]}`),
+			wantRecorded: true,
+		},
+		{name: "no record", live: guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 31000))},
+		{name: "an unreadable record is no record", live: withRecord(guestSvc(corev1.ServiceTypeNodePort, sp("http", 80, 31000)), `{"type":`)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			patches, recorded := Restore(tt.live)
+			g.Expect(recorded).To(Equal(tt.wantRecorded))
+			var what, raw []string
+			for _, p := range patches {
+				what, raw = append(what, p.What), append(raw, string(p.Patch))
+			}
+			g.Expect(what).To(Equal(tt.wantWhat))
+			g.Expect(raw).To(Equal(tt.wantPatches))
+		})
+	}
 }
 
 func TestNodePorts(t *testing.T) {

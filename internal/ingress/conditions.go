@@ -7,14 +7,35 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
+// MaxMessage bounds every condition message guestnet writes on a GuestIngress (the API allows
+// 32768 bytes; a summary of six conditions must fit in Ready's).
+const MaxMessage = 2048
+
 func set(gi *guestnetv1.GuestIngress, conditionType string, status metav1.ConditionStatus, reason, message string) {
-	conditions.Set(gi, metav1.Condition{Type: conditionType, Status: status, Reason: reason, Message: message})
+	conditions.Set(gi, metav1.Condition{Type: conditionType, Status: status, Reason: reason, Message: clusterscope.Bound(message, MaxMessage)})
+}
+
+// SetAdmitted reports the policy's decision.
+func SetAdmitted(gi *guestnetv1.GuestIngress, a Admission) {
+	status, reason := metav1.ConditionFalse, a.Reason
+	if a.Admitted {
+		status = metav1.ConditionTrue
+	}
+	if reason == "" {
+		reason = guestnetv1.NotAllowedReason
+		if a.Admitted {
+			reason = guestnetv1.AdmittedReason
+		}
+	}
+	set(gi, guestnetv1.AdmittedCondition, status, reason, a.Message)
 }
 
 func guestServiceRef(gi *guestnetv1.GuestIngress) string {
@@ -62,22 +83,10 @@ func SetGuestServiceReady(gi *guestnetv1.GuestIngress, resolved []guestnetv1.Ing
 		fmt.Sprintf("Service %s in the guest: %s", guestServiceRef(gi), strings.Join(parts, ", ")))
 }
 
-// SetGuestServiceRejected: the guest apiserver refused the apply for another reason.
-func SetGuestServiceRejected(gi *guestnetv1.GuestIngress, err error) {
+// SetGuestServiceRejected: the guest apiserver refused the apply for another reason (its message).
+func SetGuestServiceRejected(gi *guestnetv1.GuestIngress, message string) {
 	set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.InternalErrorReason,
-		fmt.Sprintf("The guest apiserver refused guestnet's change to Service %s: %v", guestServiceRef(gi), err))
-}
-
-// SetLoadBalancerConflict: gi may not have its host objects (FindConflict).
-func SetLoadBalancerConflict(gi *guestnetv1.GuestIngress, c *Conflict) {
-	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, c.Reason, c.Message)
-}
-
-// SetHostObjectConflict: an object guestnet would create exists and belongs to someone else.
-func SetHostObjectConflict(gi *guestnetv1.GuestIngress, kind, name string) {
-	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.HostObjectConflictReason,
-		fmt.Sprintf("%s %s exists and was not created by guestnet for this GuestIngress; guestnet changes nothing of anyone else's. "+
-			"Rename or delete that object, or rename this GuestIngress", kind, name))
+		fmt.Sprintf("The guest apiserver refused guestnet's change to Service %s: %s", guestServiceRef(gi), message))
 }
 
 // SetPoolNotFound: spec.loadBalancer.poolRef names no pool.
@@ -149,6 +158,20 @@ func SetEndpoints(gi *guestnetv1.GuestIngress, namespace, service string, ready,
 			fmt.Sprintf("%d worker virt-launcher pods match %s but none is ready: requests to the IP are refused. "+
 				"Check the worker VMs (kubectl get vmi,pods -n %s -l %s)", total, sel, namespace, sel))
 	}
+}
+
+// poolHint explains why a referenced pool gives the host Service no IP, when its
+// serviceSelector does not select the Service. The advice selects the one Service by Cilium's
+// pseudo-labels: a cluster name is unique within a namespace only.
+func poolHint(gi *guestnetv1.GuestIngress, pool *unstructured.Unstructured, svc *corev1.Service) string {
+	if gi.Spec.LoadBalancer.PoolRef == nil || pool == nil {
+		return ""
+	}
+	if ok, err := SelectorMatchesService(pool, svc.Labels, svc.Namespace, svc.Name); err == nil && !ok {
+		return fmt.Sprintf("the serviceSelector of CiliumLoadBalancerIPPool %s does not select Service %s/%s; the pool's owner can select it "+
+			"with %s=%s and %s=%s", pool.GetName(), svc.Namespace, svc.Name, ServiceNamespaceKey, svc.Namespace, ServiceNameKey, svc.Name)
+	}
+	return ""
 }
 
 // ServiceCondition reads a condition of a Service (status.conditions).

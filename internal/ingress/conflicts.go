@@ -7,21 +7,28 @@ import (
 	"slices"
 	"strings"
 
-	"sigs.k8s.io/cluster-api/util/conditions"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
-// Claim is what address space a GuestIngress takes on the host network.
+// Who may use which address space on the host network. The decision is made from what exists
+// on the host (who holds an address now), never from a GuestIngress's status: a status can be
+// empty for a moment (a host Service recreated, Cilium re-allocating, a patch not in the cache
+// yet) while the pool and the Service that hold the address are still there.
+
+// Claim is address space on the host network: a load-balancer IP and pool ranges.
 type Claim struct {
-	// IP is spec.loadBalancer.ip (invalid when unset).
+	// IP is a single load-balancer IP (invalid when none).
 	IP netip.Addr
-	// Prefixes are the ranges of the pool guestnet creates for it (none with poolRef).
+	// Prefixes are pool ranges.
 	Prefixes []netip.Prefix
 }
 
-// ClaimOf returns gi's claim.
+// ClaimOf returns what gi asks for: spec.loadBalancer.ip, and the ranges of the pool
+// guestnet creates for it (none with poolRef: a poolRef IP is a claim like any other).
 func ClaimOf(gi *guestnetv1.GuestIngress) Claim {
 	c := Claim{Prefixes: PoolPrefixes(gi)}
 	if ip, err := netip.ParseAddr(gi.Spec.LoadBalancer.IP); err == nil {
@@ -33,136 +40,25 @@ func ClaimOf(gi *guestnetv1.GuestIngress) Claim {
 // Empty reports whether the claim takes nothing.
 func (c Claim) Empty() bool { return !c.IP.IsValid() && len(c.Prefixes) == 0 }
 
-// Conflict is why a GuestIngress may not have its host objects.
-type Conflict struct {
-	// Reason is IPConflictReason or PoolConflictReason.
-	Reason string
-	// Holder is the GuestIngress that keeps the address ("namespace/name").
-	Holder  string
-	Message string
-}
-
-// Precedes reports whether a's claim takes precedence over b's: the one that holds its
-// address (it has its load-balancer IP and was not refused) first, so a working GuestIngress
-// is never displaced; then the older creationTimestamp; then namespace/name in lexical
-// order (timestamps have a resolution of a second). Every reconcile of every GuestIngress
-// decides the same.
-func Precedes(a, b *guestnetv1.GuestIngress) bool {
-	if ha, hb := Holds(a), Holds(b); ha != hb {
-		return ha
+// collision says how claim c runs into claim other, "" when it does not: IPConflictReason
+// when c's IP is other's IP or inside other's ranges, PoolConflictReason when c's ranges
+// overlap other's ranges or hold other's IP.
+func (c Claim) collision(other Claim) string {
+	if c.IP.IsValid() && (other.IP == c.IP || slices.ContainsFunc(other.Prefixes, func(p netip.Prefix) bool { return p.Contains(c.IP) })) {
+		return guestnetv1.IPConflictReason
 	}
-	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-		return c < 0
-	}
-	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name)) < 0
-}
-
-// Holds reports whether gi has its load-balancer IP and was not refused for a conflict.
-func Holds(gi *guestnetv1.GuestIngress) bool {
-	if gi.Status.LoadBalancerIP == "" {
-		return false
-	}
-	reason := conditions.GetReason(gi, guestnetv1.LoadBalancerReadyCondition)
-	return reason != guestnetv1.IPConflictReason && reason != guestnetv1.PoolConflictReason
-}
-
-// conflictBetween says how claim a collides with claim b (b holds), "" when it does not.
-func conflictBetween(a, b Claim) string {
-	if a.IP.IsValid() {
-		if b.IP == a.IP || slices.ContainsFunc(b.Prefixes, func(p netip.Prefix) bool { return p.Contains(a.IP) }) {
-			return guestnetv1.IPConflictReason
-		}
-	}
-	if PrefixesOverlap(a.Prefixes, b.Prefixes) {
+	if PrefixesOverlap(c.Prefixes, other.Prefixes) ||
+		(other.IP.IsValid() && slices.ContainsFunc(c.Prefixes, func(p netip.Prefix) bool { return p.Contains(other.IP) })) {
 		return guestnetv1.PoolConflictReason
 	}
 	return ""
 }
 
-// Overlap reports whether two GuestIngresses' claims collide either way.
-func Overlap(a, b *guestnetv1.GuestIngress) bool {
-	ca, cb := ClaimOf(a), ClaimOf(b)
-	return conflictBetween(ca, cb) != "" || conflictBetween(cb, ca) != ""
-}
+// Collides reports whether two claims share an address.
+func (c Claim) Collides(other Claim) bool { return c.collision(other) != "" }
 
-// FindConflict decides whether gi may use its address space, given every GuestIngress
-// guestnet sees (gi may be among them). GuestIngresses are considered in Precedes order: each
-// keeps its claim unless one before it that kept its own collides with it. So of two
-// GuestIngresses asking for the same IP (in any namespace) the one that has it, or else the
-// older, keeps working, and the other is refused, naming it; when that one goes away, the
-// other gets the IP. Only collisions
-// between GuestIngresses are decided here; Cilium reports overlaps with other pools
-// (cilium.io/PoolConflict).
-func FindConflict(gi *guestnetv1.GuestIngress, all []guestnetv1.GuestIngress) *Conflict {
-	own := ClaimOf(gi)
-	if own.Empty() {
-		return nil
-	}
-	var older []*guestnetv1.GuestIngress
-	for i := range all {
-		other := &all[i]
-		if other.Namespace == gi.Namespace && other.Name == gi.Name {
-			continue
-		}
-		if Precedes(other, gi) && Overlap(other, gi) {
-			older = append(older, other)
-		}
-	}
-	if len(older) == 0 {
-		return nil
-	}
-	// Only the older GuestIngresses that keep their claim count: walk everything older than
-	// gi that overlaps anything relevant, oldest first.
-	var candidates []*guestnetv1.GuestIngress
-	for i := range all {
-		other := &all[i]
-		if (other.Namespace != gi.Namespace || other.Name != gi.Name) && Precedes(other, gi) && !ClaimOf(other).Empty() {
-			candidates = append(candidates, other)
-		}
-	}
-	slices.SortFunc(candidates, func(a, b *guestnetv1.GuestIngress) int {
-		if Precedes(a, b) {
-			return -1
-		}
-		return 1
-	})
-	var kept []*guestnetv1.GuestIngress
-	for _, c := range candidates {
-		if !slices.ContainsFunc(kept, func(k *guestnetv1.GuestIngress) bool { return Overlap(k, c) }) {
-			kept = append(kept, c)
-		}
-	}
-	for _, holder := range kept {
-		reason := conflictBetween(own, ClaimOf(holder))
-		if reason == "" {
-			if conflictBetween(ClaimOf(holder), own) == "" {
-				continue
-			}
-			reason = guestnetv1.PoolConflictReason
-		}
-		return &Conflict{Reason: reason, Holder: holder.Namespace + "/" + holder.Name, Message: conflictMessage(reason, gi, holder)}
-	}
-	return nil
-}
-
-func conflictMessage(reason string, gi, holder *guestnetv1.GuestIngress) string {
-	since := "created earlier"
-	if Holds(holder) {
-		since = "it has the IP " + holder.Status.LoadBalancerIP
-	}
-	h := fmt.Sprintf("GuestIngress %s/%s (cluster %s, %s)", holder.Namespace, holder.Name, holder.Spec.ClusterName, since)
-	what := describeClaim(ClaimOf(holder))
-	if reason == guestnetv1.IPConflictReason {
-		return fmt.Sprintf("IP %s is already claimed by %s, which asks for %s and keeps it; guestnet created no host objects for this GuestIngress. "+
-			"Choose another spec.loadBalancer.ip, or delete %s/%s",
-			gi.Spec.LoadBalancer.IP, h, what, holder.Namespace, holder.Name)
-	}
-	return fmt.Sprintf("The pool ranges %s overlap %s of %s (pool %s), which keeps them; Cilium would stop allocating from both pools, "+
-		"so guestnet created no host objects for this GuestIngress. Choose ranges that do not overlap",
-		describeClaim(ClaimOf(gi)), what, h, hostnames.Pool(holder))
-}
-
-func describeClaim(c Claim) string {
+// String renders the claim for messages: "10.2.6.216/29, 10.2.6.220".
+func (c Claim) String() string {
 	var parts []string
 	for _, p := range c.Prefixes {
 		parts = append(parts, p.String())
@@ -171,4 +67,299 @@ func describeClaim(c Claim) string {
 		parts = append(parts, c.IP.String())
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Claimant is a GuestIngress in the contest for address space, as observed on the host.
+type Claimant struct {
+	GuestIngress *guestnetv1.GuestIngress
+	// Held is the address space its objects occupy on the host now: the blocks of its own
+	// pool, and the IP its host Service requests or has (when it still asks for that IP).
+	Held Claim
+	// Eligible: it may hold host objects now. A GuestIngress whose Cluster is missing, paused
+	// or being deleted, that is paused, being deleted or not admitted by a policy claims
+	// nothing; what it still holds on the host keeps counting until it is gone.
+	Eligible bool
+}
+
+// Wants is the address space the claimant asks for.
+func (c Claimant) Wants() Claim { return ClaimOf(c.GuestIngress) }
+
+// Holds reports whether the claimant's objects on the host occupy some of what it asks for.
+func (c Claimant) Holds() bool { return c.Held.Collides(c.Wants()) }
+
+func (c Claimant) key() string { return c.GuestIngress.Namespace + "/" + c.GuestIngress.Name }
+
+// entangled reports whether two claimants' asked or held address spaces share an address.
+func entangled(a, b Claimant) bool {
+	return a.Wants().Collides(b.Wants()) || a.Wants().Collides(b.Held) || a.Held.Collides(b.Wants()) || a.Held.Collides(b.Held)
+}
+
+// Entangled returns the claimants of others whose claims are entangled with self's, directly
+// or through a chain of others: every claimant whose fate can decide self's.
+func Entangled(self Claimant, others []Claimant) []Claimant {
+	in := []Claimant{self}
+	rest := slices.Clone(others)
+	for i := 0; i < len(in); i++ {
+		rest = slices.DeleteFunc(rest, func(o Claimant) bool {
+			if o.key() == self.key() {
+				return true
+			}
+			if entangled(in[i], o) {
+				in = append(in, o)
+				return true
+			}
+			return false
+		})
+	}
+	return in[1:]
+}
+
+// precedes orders claimants: those that hold some of what they ask for first (a working
+// GuestIngress is never displaced), then the older creationTimestamp, then namespace/name
+// (timestamps have a resolution of a second). Every reconcile of every GuestIngress decides
+// the same.
+func precedes(a, b Claimant) bool {
+	if ha, hb := a.Holds(), b.Holds(); ha != hb {
+		return ha
+	}
+	if c := a.GuestIngress.CreationTimestamp.Compare(b.GuestIngress.CreationTimestamp.Time); c != 0 {
+		return c < 0
+	}
+	return cmp.Or(cmp.Compare(a.GuestIngress.Namespace, b.GuestIngress.Namespace), cmp.Compare(a.GuestIngress.Name, b.GuestIngress.Name)) < 0
+}
+
+// Conflict is why a GuestIngress may not use the address space it asks for.
+type Conflict struct {
+	// Reason is IPConflictReason or PoolConflictReason.
+	Reason string
+	// Holder names who keeps the address: "<namespace>/<name>" of a GuestIngress, or
+	// "CiliumLoadBalancerIPPool <name>".
+	Holder  string
+	Message string
+	// Release: the refused GuestIngress's own objects occupy address space the holder keeps,
+	// so they are deleted. Otherwise its objects (if it has any) stay as they are and nothing
+	// of its new spec is applied.
+	Release bool
+}
+
+// Contest decides whether self (eligible) may use the address space it asks for, given the
+// claimants entangled with it (Entangled). Claimants are taken in precedence order; each
+// eligible one keeps its claim unless
+//   - it asks for an address that one kept before it asks for too, or
+//   - it asks for an address another claimant's objects occupy on the host, unless it lost
+//     nothing: both hold overlapping space (a race of two creations) and it precedes the
+//     other, or the other may not hold anything any more and will release.
+//
+// So a holder is never displaced by an older claim, nor by another holder's spec reaching
+// into its space; of two holders that overlap, the older keeps and the younger releases; an
+// ineligible GuestIngress claims nothing, but what it still holds counts until it is gone.
+func Contest(self Claimant, others []Claimant) *Conflict {
+	if !self.Eligible || self.Wants().Empty() {
+		return nil
+	}
+	all := append([]Claimant{self}, others...)
+	slices.SortStableFunc(all, func(a, b Claimant) int {
+		if precedes(a, b) {
+			return -1
+		}
+		if precedes(b, a) {
+			return 1
+		}
+		return 0
+	})
+	var kept []Claimant
+	for _, c := range all {
+		if !c.Eligible {
+			continue
+		}
+		conflict := refusal(c, kept, all)
+		if c.key() == self.key() {
+			return conflict
+		}
+		if conflict == nil {
+			kept = append(kept, c)
+		}
+	}
+	return nil
+}
+
+// refusal is why c may not keep its claim, nil when it may (see Contest).
+func refusal(c Claimant, kept, all []Claimant) *Conflict {
+	wants := c.Wants()
+	for _, k := range kept {
+		reason := cmp.Or(wants.collision(k.Wants()), reverse(k.Wants().collision(wants)))
+		if reason != "" {
+			return conflictWith(c, k, reason, c.Held.Collides(k.Wants()))
+		}
+	}
+	for _, h := range all {
+		if h.key() == c.key() || !wants.Collides(h.Held) {
+			continue
+		}
+		if c.Holds() && c.Held.Collides(h.Held) && (!h.Eligible || precedes(c, h)) {
+			continue // a race c wins: h releases
+		}
+		return conflictWith(c, h, wants.collision(h.Held), c.Held.Collides(h.Held))
+	}
+	return nil
+}
+
+// reverse is the reason for c when the other's claim runs into c's: c's ranges or IP hold
+// the other's address, a pool matter for c.
+func reverse(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return guestnetv1.PoolConflictReason
+}
+
+func conflictWith(c, holder Claimant, reason string, release bool) *Conflict {
+	gi, h := c.GuestIngress, holder.GuestIngress
+	since := "created earlier"
+	if holder.Holds() {
+		since = "it holds them on the host"
+	}
+	who := fmt.Sprintf("GuestIngress %s/%s (cluster %s, %s)", h.Namespace, h.Name, h.Spec.ClusterName, since)
+	outcome := outcomeOf(c, release)
+	var msg string
+	if reason == guestnetv1.IPConflictReason {
+		msg = fmt.Sprintf("IP %s is already claimed by %s, which asks for %s and keeps it; %s. Choose another spec.loadBalancer.ip, or delete %s/%s",
+			gi.Spec.LoadBalancer.IP, who, holder.Wants(), outcome, h.Namespace, h.Name)
+	} else {
+		msg = fmt.Sprintf("The pool ranges %s overlap %s of %s (pool %s), which keeps them; Cilium would stop allocating from both pools, so %s. "+
+			"Choose ranges that do not overlap", c.Wants(), holder.Wants(), who, hostnames.Pool(h), outcome)
+	}
+	return &Conflict{Reason: reason, Holder: holder.key(), Message: msg, Release: release}
+}
+
+// outcomeOf says what happens to a refused GuestIngress's host objects.
+func outcomeOf(c Claimant, release bool) string {
+	switch {
+	case release:
+		return "guestnet deletes this GuestIngress's host objects, which overlap it"
+	case c.Held.Empty():
+		return "guestnet created no host objects for this GuestIngress"
+	default:
+		return "guestnet leaves this GuestIngress's host objects as they are and applies none of its changes"
+	}
+}
+
+// ForeignPoolConflict checks the pool guestnet would create for gi against the pools it does
+// not manage (an admin's, a shared one): Cilium disables the newer of two overlapping pools,
+// and both when they were created in the same second, so guestnet never creates (or keeps) a
+// pool that overlaps one of them. held is what gi holds on the host. Pools are taken in name
+// order; nil when nothing overlaps.
+func ForeignPoolConflict(gi *guestnetv1.GuestIngress, held Claim, foreign []*unstructured.Unstructured) *Conflict {
+	want := PoolPrefixes(gi)
+	if len(want) == 0 {
+		return nil
+	}
+	pools := slices.Clone(foreign)
+	slices.SortFunc(pools, func(a, b *unstructured.Unstructured) int { return cmp.Compare(a.GetName(), b.GetName()) })
+	for _, pool := range pools {
+		blocks := PoolBlocks(pool)
+		if !PrefixesOverlap(want, blocks) {
+			continue
+		}
+		release := PrefixesOverlap(held.Prefixes, blocks)
+		c := Claimant{GuestIngress: gi, Held: held}
+		return &Conflict{
+			Reason: guestnetv1.PoolConflictReason,
+			Holder: "CiliumLoadBalancerIPPool " + pool.GetName(),
+			Message: fmt.Sprintf("The pool ranges %s overlap CiliumLoadBalancerIPPool %s (%s), which guestnet does not manage: Cilium disables the newer "+
+				"of two overlapping pools (both, when they were created in the same second), so %s. Choose spec.loadBalancer.cidrs or .ip outside it, "+
+				"or, if it is a shared pool you may use, name it in spec.loadBalancer.poolRef",
+				Claim{Prefixes: want}, pool.GetName(), Claim{Prefixes: blocks}, outcomeOf(c, release)),
+			Release: release,
+		}
+	}
+	return nil
+}
+
+// PoolBlocks are the ranges of a CiliumLoadBalancerIPPool (spec.blocks: cidr, or start and
+// stop), as prefixes. Blocks that do not parse are skipped.
+func PoolBlocks(pool *unstructured.Unstructured) []netip.Prefix {
+	blocks, _, _ := unstructured.NestedSlice(pool.Object, "spec", "blocks")
+	var out []netip.Prefix
+	for _, b := range blocks {
+		m, ok := b.(map[string]any)
+		if !ok {
+			continue
+		}
+		if s, ok := m["cidr"].(string); ok {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				out = append(out, p.Masked())
+			}
+			continue
+		}
+		start, _ := m["start"].(string)
+		stop, _ := m["stop"].(string)
+		from, errFrom := netip.ParseAddr(start)
+		to, errTo := netip.ParseAddr(stop)
+		if errFrom == nil && errTo == nil && from.BitLen() == to.BitLen() && from.Compare(to) <= 0 {
+			out = append(out, rangePrefixes(from, to)...)
+		}
+	}
+	return out
+}
+
+// rangePrefixes covers the addresses from..to (inclusive) with the fewest prefixes.
+func rangePrefixes(from, to netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for from.IsValid() && from.Compare(to) <= 0 {
+		bits := from.BitLen()
+		// Widen the prefix while it still starts at from and ends at or before to.
+		for bits > 0 {
+			wider := netip.PrefixFrom(from, bits-1).Masked()
+			if wider.Addr() != from || lastAddr(wider).Compare(to) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(from, bits)
+		out = append(out, p)
+		from = lastAddr(p).Next()
+	}
+	return out
+}
+
+// lastAddr is the last address of prefix p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(a)*8; i++ {
+		a[i/8] |= 0x80 >> (i % 8)
+	}
+	last, _ := netip.AddrFromSlice(a)
+	if p.Addr().Is4() {
+		return last.Unmap()
+	}
+	return last
+}
+
+// Overlap reports whether two GuestIngresses ask for address space that collides.
+func Overlap(a, b *guestnetv1.GuestIngress) bool {
+	return ClaimOf(a).Collides(ClaimOf(b))
+}
+
+// lbipamIPsAliasAnnotation is the older name of LBIPAMIPsAnnotation, which Cilium still honours.
+const lbipamIPsAliasAnnotation = "io.cilium/lb-ipam-ips"
+
+// ServiceIPs are the load-balancer IPs a Service requests from LB-IPAM (the lbipam.cilium.io/ips
+// annotation and its alias, spec.loadBalancerIP) and those it has (status.loadBalancer).
+func ServiceIPs(svc *corev1.Service) []netip.Addr {
+	var raw []string
+	for _, key := range []string{LBIPAMIPsAnnotation, lbipamIPsAliasAnnotation} {
+		raw = append(raw, strings.Split(svc.Annotations[key], ",")...)
+	}
+	raw = append(raw, svc.Spec.LoadBalancerIP)
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		raw = append(raw, in.IP)
+	}
+	var out []netip.Addr
+	for _, s := range raw {
+		if ip, err := netip.ParseAddr(strings.TrimSpace(s)); err == nil {
+			out = append(out, ip)
+		}
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,28 +11,46 @@ import (
 	"k8s.io/utils/ptr"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
 // GuestService is what guestnet server-side applies to the guest ingress controller's
-// Service (live, as read from the guest): type NodePort, and the fixed nodePort of each spec
-// port the Service has. Nothing else: the Service's other fields stay with their owners
-// (Helm, kubectl), and a port the Service does not have is never added (that is
-// GuestServicePortNotFound). Ports whose nodePort guestnet only follows are left out
-// entirely, so the guest's allocation stays the guest's.
+// Service (live, as read from the guest): type NodePort, the fixed nodePort of each spec port
+// the Service has, and the record of what the Service had in those fields before guestnet
+// took them over (OriginalGuestServiceAnnotation, see Restore). Nothing else: the Service's
+// other fields stay with their owners (Helm, kubectl), and a port the Service does not have is
+// never added (that is GuestServicePortNotFound). Ports whose nodePort guestnet only follows
+// are left out entirely, so the guest's allocation stays the guest's.
 //
-// A LoadBalancer Service already allocates nodePorts: its type is left alone (and, if
-// guestnet had set NodePort before, the user who changed it to LoadBalancer owns it now).
-// Any other type is applied as NodePort on every apply, also when the Service is NodePort
-// already: under server-side apply, leaving the type out of the configuration would give up
-// guestnet's ownership and the field would fall back to ClusterIP. Ports are listed in the
-// Service's own order, so that the configuration compares equal to what guestnet owns on an
-// unchanged Service (and nothing is written).
-func GuestService(gi *guestnetv1.GuestIngress, live *corev1.Service) *corev1ac.ServiceApplyConfiguration {
-	ac := corev1ac.Service(live.Name, live.Namespace)
+// A LoadBalancer Service that allocates nodePorts already serves them: its type is left
+// alone. One that does not (allocateLoadBalancerNodePorts: false), a headless and an
+// ExternalName Service cannot carry nodePorts without guestnet changing something of the
+// user's (a LoadBalancer made NodePort loses its loadBalancerClass and its load-balancer IP):
+// refusal then says what the user should change, and the configuration is nil. Any other type
+// is applied as NodePort on every apply, also when the Service is NodePort already: under
+// server-side apply, leaving the type out would give up guestnet's ownership and the field
+// would fall back to ClusterIP. Ports are listed in the Service's own order, so that the
+// configuration compares equal to what guestnet owns on an unchanged Service.
+func GuestService(gi *guestnetv1.GuestIngress, live *corev1.Service) (ac *corev1ac.ServiceApplyConfiguration, refusal string) {
+	if refusal := cannotCarryNodePorts(gi, live); refusal != "" {
+		return nil, refusal
+	}
+	owned := ownedByGuestnet(live)
+	previous := readRecord(live)
+	var record originalRecord
+
+	ac = corev1ac.Service(live.Name, live.Namespace)
 	spec := corev1ac.ServiceSpec()
 	set := false
-	if live.Spec.Type != corev1.ServiceTypeLoadBalancer || !HasNodePorts(live) {
+	if live.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		spec.WithType(corev1.ServiceTypeNodePort)
+		record.Type = live.Spec.Type
+		if owned.Spec != nil && owned.Spec.Type != nil {
+			record.Type = previous.Type // guestnet's value: what the user had is in the record
+		}
+		if record.Type == corev1.ServiceTypeNodePort {
+			record.Type = "" // nothing to give back
+		}
 		set = true
 	}
 	for _, lp := range live.Spec.Ports {
@@ -43,19 +62,207 @@ func GuestService(gi *guestnetv1.GuestIngress, live *corev1.Service) *corev1ac.S
 			WithPort(lp.Port).
 			WithProtocol(protocolOf(lp)).
 			WithNodePort(*p.NodePort))
+		original := recordedNodePort{Port: lp.Port, Protocol: protocolOf(lp), NodePort: lp.NodePort}
+		if ownsNodePort(owned, lp) {
+			original.NodePort = previous.nodePort(lp)
+		}
+		if original.NodePort != *p.NodePort {
+			record.NodePorts = append(record.NodePorts, original)
+		}
 		set = true
 	}
-	if set {
-		ac.WithSpec(spec)
+	if !set {
+		return ac, ""
 	}
-	return ac
+	ac.WithSpec(spec)
+	if value := record.String(); value != "" {
+		ac.WithAnnotations(map[string]string{guestnetv1.OriginalGuestServiceAnnotation: value})
+	}
+	return ac, ""
+}
+
+// cannotCarryNodePorts says why the Service cannot carry nodePorts without guestnet changing
+// something of the user's, "" when it can.
+func cannotCarryNodePorts(gi *guestnetv1.GuestIngress, svc *corev1.Service) string {
+	ref := guestServiceRef(gi)
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeLoadBalancer && !HasNodePorts(svc):
+		return fmt.Sprintf("Service %s in the guest is a LoadBalancer Service with allocateLoadBalancerNodePorts: false: it has no nodePorts to forward to, "+
+			"and making it NodePort would drop its loadBalancerClass and release its load-balancer IP, so guestnet changes nothing. "+
+			"Set allocateLoadBalancerNodePorts to true (or remove it) on the Service, e.g. in the ingress controller's chart values", ref)
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		return fmt.Sprintf("Service %s in the guest is an ExternalName Service: it has no nodePorts and cannot have any. "+
+			"Point spec.guestService at the ingress controller's own Service", ref)
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return fmt.Sprintf("Service %s in the guest is headless (clusterIP: None): a headless Service cannot be NodePort. "+
+			"Point spec.guestService at a Service with a cluster IP, or give the Service one (recreate it without clusterIP: None)", ref)
+	}
+	return ""
+}
+
+// ExpectedGuestService is the guest Service as it is once the configuration of GuestService
+// is applied: type NodePort (unless LoadBalancer) and the fixed nodePorts.
+func ExpectedGuestService(gi *guestnetv1.GuestIngress, live *corev1.Service) *corev1.Service {
+	svc := live.DeepCopy()
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		svc.Spec.Type = corev1.ServiceTypeNodePort
+	}
+	for i, lp := range svc.Spec.Ports {
+		if p, ok := specPort(gi, lp); ok && p.NodePort != nil {
+			svc.Spec.Ports[i].NodePort = *p.NodePort
+		}
+	}
+	return svc
 }
 
 // Release is the configuration that gives back everything guestnet applied to a guest
-// Service: an apply with no fields drops guestnet's ownership, and the fields no other
-// manager owns go back to what the apiserver makes of them (see docs/guestingress.md).
+// Service: an apply with no fields drops guestnet's ownership (and the record). Restore's
+// patches come first, so the fields guestnet changed have their original values back.
 func Release(live *corev1.Service) *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service(live.Name, live.Namespace)
+}
+
+// RestoreFieldManager is the field manager of the patches that put the user's values back.
+const RestoreFieldManager = "guestnet-restore"
+
+// RestorePatch is one JSON patch that puts back a value guestnet changed on the guest Service.
+type RestorePatch struct {
+	// What says what it restores, for events: "type ClusterIP", "nodePort 30080 of port 80/TCP".
+	What  string
+	Patch []byte
+}
+
+// Restore lists the patches that give the guest Service back what the record
+// (OriginalGuestServiceAnnotation) says it had before guestnet changed it: its type, then
+// each nodePort. Each patch tests the values it relies on, so it applies only to the Service
+// it was made for. recorded is false when the Service carries no readable record (removed or
+// edited by someone): then only the release is left, and fields only guestnet owned go back to
+// the apiserver's defaults.
+func Restore(live *corev1.Service) (patches []RestorePatch, recorded bool) {
+	raw, ok := live.Annotations[guestnetv1.OriginalGuestServiceAnnotation]
+	if !ok {
+		return nil, false
+	}
+	record, err := parseRecord(raw)
+	if err != nil {
+		return nil, false
+	}
+	restoredType := live.Spec.Type
+	if record.Type != "" && record.Type != live.Spec.Type {
+		patches = append(patches, RestorePatch{What: "type " + string(record.Type), Patch: jsonPatch(
+			op{Op: "test", Path: "/spec/type", Value: live.Spec.Type},
+			op{Op: "replace", Path: "/spec/type", Value: record.Type},
+		)})
+		restoredType = record.Type
+	}
+	if restoredType != corev1.ServiceTypeNodePort && restoredType != corev1.ServiceTypeLoadBalancer {
+		return patches, true // no nodePorts: the apiserver drops them with the type
+	}
+	for _, rp := range record.NodePorts {
+		i := slices.IndexFunc(live.Spec.Ports, func(sp corev1.ServicePort) bool { return sp.Port == rp.Port && protocolOf(sp) == rp.Protocol })
+		if rp.NodePort == 0 || i < 0 || live.Spec.Ports[i].NodePort == rp.NodePort {
+			continue
+		}
+		path := fmt.Sprintf("/spec/ports/%d", i)
+		patches = append(patches, RestorePatch{What: fmt.Sprintf("nodePort %d of port %d/%s", rp.NodePort, rp.Port, rp.Protocol), Patch: jsonPatch(
+			op{Op: "test", Path: path + "/port", Value: rp.Port},
+			op{Op: "test", Path: path + "/nodePort", Value: live.Spec.Ports[i].NodePort},
+			op{Op: "replace", Path: path + "/nodePort", Value: rp.NodePort},
+		)})
+	}
+	return patches, true
+}
+
+// LeftInGuest describes what guestnet changed on the guest Service and cannot give back when
+// the guest is gone, for the event that says so.
+func LeftInGuest(gi *guestnetv1.GuestIngress) string {
+	var fixed []string
+	for _, p := range gi.Spec.Ports {
+		if p.NodePort != nil {
+			fixed = append(fixed, fmt.Sprintf("%d (%s)", *p.NodePort, p.Name))
+		}
+	}
+	what := "type NodePort (unless it was a LoadBalancer Service)"
+	if len(fixed) > 0 {
+		what += " and nodePorts " + strings.Join(fixed, ", ")
+	}
+	return fmt.Sprintf("Service %s in the guest may keep what guestnet set on it: %s, and the annotation %s with the values it had before",
+		guestServiceRef(gi), what, guestnetv1.OriginalGuestServiceAnnotation)
+}
+
+// originalRecord is the value of OriginalGuestServiceAnnotation: what the guest Service had in
+// each field guestnet took over, before guestnet changed it.
+type originalRecord struct {
+	// Type is the Service's type before guestnet made it NodePort ("" when guestnet did not
+	// change it).
+	Type corev1.ServiceType `json:"type,omitempty"`
+	// NodePorts are the nodePorts of the ports whose nodePort guestnet changed (0: none).
+	NodePorts []recordedNodePort `json:"nodePorts,omitempty"`
+}
+
+type recordedNodePort struct {
+	Port     int32           `json:"port"`
+	Protocol corev1.Protocol `json:"protocol"`
+	NodePort int32           `json:"nodePort,omitempty"`
+}
+
+func (r originalRecord) String() string {
+	if r.Type == "" && len(r.NodePorts) == 0 {
+		return ""
+	}
+	data, _ := json.Marshal(r) // plain strings and numbers: cannot fail
+	return string(data)
+}
+
+func (r originalRecord) nodePort(lp corev1.ServicePort) int32 {
+	for _, rp := range r.NodePorts {
+		if rp.Port == lp.Port && rp.Protocol == protocolOf(lp) {
+			return rp.NodePort
+		}
+	}
+	return 0
+}
+
+func parseRecord(raw string) (originalRecord, error) {
+	var r originalRecord
+	err := json.Unmarshal([]byte(raw), &r)
+	return r, err
+}
+
+// readRecord is the Service's record; empty when it has none or it cannot be read.
+func readRecord(svc *corev1.Service) originalRecord {
+	r, _ := parseRecord(svc.Annotations[guestnetv1.OriginalGuestServiceAnnotation])
+	return r
+}
+
+// ownedByGuestnet is what guestnet's field manager applied to the Service (empty when nothing).
+func ownedByGuestnet(svc *corev1.Service) *corev1ac.ServiceApplyConfiguration {
+	owned, err := corev1ac.ExtractService(svc, hostnames.FieldManager)
+	if err != nil {
+		return &corev1ac.ServiceApplyConfiguration{}
+	}
+	return owned
+}
+
+func ownsNodePort(owned *corev1ac.ServiceApplyConfiguration, lp corev1.ServicePort) bool {
+	if owned.Spec == nil {
+		return false
+	}
+	return slices.ContainsFunc(owned.Spec.Ports, func(p corev1ac.ServicePortApplyConfiguration) bool {
+		return p.NodePort != nil && ptr.Deref(p.Port, 0) == lp.Port && ptr.Deref(p.Protocol, corev1.ProtocolTCP) == protocolOf(lp)
+	})
+}
+
+// op is one JSON patch operation.
+type op struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+func jsonPatch(ops ...op) []byte {
+	data, _ := json.Marshal(ops) // plain strings and numbers: cannot fail
+	return data
 }
 
 // HasNodePorts reports whether a Service of this type allocates nodePorts: NodePort, and

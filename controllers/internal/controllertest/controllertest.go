@@ -313,7 +313,8 @@ func testEvents(e *env) {
 
 	e.eventuallyEvent(uid, corev1.EventTypeWarning, guestnetv1.ClusterNotFoundReason,
 		fmt.Sprintf(`ClusterAvailable is False: No Cluster "tenant-a" exists in namespace %q`, e.ns))
-	e.eventuallyEvent(uid, corev1.EventTypeWarning, guestnetv1.NotReadyReason, "Ready is False")
+	// Ready names the condition that is False: its reason is that condition's.
+	e.eventuallyEvent(uid, corev1.EventTypeWarning, guestnetv1.ClusterNotFoundReason, "Ready is False")
 
 	e.update(obj, func(o Object) { o.SetAnnotations(map[string]string{clusterv1.PausedAnnotation: ""}) })
 	e.eventuallyEvent(uid, corev1.EventTypeNormal, guestnetv1.PausedReason, "Paused is True: "+objectPausedReason)
@@ -334,7 +335,7 @@ func testObservedGeneration(e *env) {
 // Ready status in them.
 func testPrinterColumns(e *env) {
 	obj := e.create("tenant-a")
-	e.eventuallyCondition(obj, guestnetv1.ReadyCondition, metav1.ConditionFalse, guestnetv1.NotReadyReason)
+	e.eventuallyCondition(obj, guestnetv1.ReadyCondition, metav1.ConditionFalse, guestnetv1.ClusterNotFoundReason)
 
 	cmd := e.lab.Assets.KubectlCommand(e.lab.Host.KubeconfigPath, "get", e.kind.ShortName, "-n", e.ns)
 	var stderr bytes.Buffer

@@ -39,6 +39,13 @@ func (b *Budget) Crashed() bool {
 	return b.crashed
 }
 
+// Recorded returns a copy of Writes, safe to call while the manager runs.
+func (b *Budget) Recorded() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.Writes...)
+}
+
 func (b *Budget) take(verb string, obj runtime.Object) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
