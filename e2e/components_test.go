@@ -30,10 +30,12 @@ func TestComponentsFile(t *testing.T) {
 	g.Expect(kinds["Namespace"]).To(Equal([]string{"guestnet-system"}))
 	g.Expect(kinds["CustomResourceDefinition"]).To(ConsistOf(
 		"guestingresses.guestnet.addons.cluster.x-k8s.io",
+		"guestingresspolicies.guestnet.addons.cluster.x-k8s.io",
 		"guestwebhookbridges.guestnet.addons.cluster.x-k8s.io",
 	))
 	g.Expect(kinds["Deployment"]).To(HaveLen(1))
-	g.Expect(kinds).To(HaveKey("ClusterRole"))
+	// The manager's role, and the roles for tenants and operators (docs/rbac.md).
+	g.Expect(kinds["ClusterRole"]).To(ConsistOf("guestnet-manager-role", "guestnet-tenant-edit", "guestnet-tenant-view", "guestnet-policy-view"))
 	g.Expect(kinds).To(HaveKey("ServiceAccount"))
 
 	for _, o := range objs {

@@ -179,6 +179,7 @@ func TestDiagnose_HealthyClusterIsAllOK(t *testing.T) {
 		{diagnose.CheckAPIService, apiServiceName, "Available=True through GuestWebhookBridge webhooks"},
 		{diagnose.CheckValidatingWebhook, vwc.Name + "/webhook.diag.guestnet.dev", "answers through the bridge with a certificate valid for " + serverName + " (probed by diagnose)"},
 		{diagnose.CheckKonnectivity, "", "no ready konnectivity agent"},
+		{diagnose.CheckAdmission, "web", "GuestIngressPolicy " + lab.LabPolicyName + " admits 10.98.9.10"},
 		{diagnose.CheckGuestIngress, "web", "Ready: IP 10.98.9.10, 2 ready endpoints"},
 		{diagnose.CheckGuestWebhookBridge, "webhooks", "Ready: 2 of 2 targets bridged"},
 	} {

@@ -25,7 +25,8 @@ package e2e
 //     "the server doesn't have a resource type", a bad -o, ...) fail. Resource types no lab
 //     cluster serves (KubeVirt's vmi, ...) are listed in docsResourcesNotInLab, with a reason.
 //   - Relative links point at files that exist, and #anchors at headings (or <a id>) that exist.
-//   - docs/rbac.md lists every rule of the manager's ClusterRole and leader election Role.
+//   - docs/rbac.md lists every rule of the manager's ClusterRole and leader election Role,
+//     and of the tenants' and operators' ClusterRoles.
 //
 // Failures name the file and line of the offending block, document or command.
 
@@ -90,6 +91,7 @@ var docsKinds = map[schema.GroupKind]docsKind{
 	// guestnet, CAPI, CAPK and Cilium live in the host (the lab installs their real CRDs).
 	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestIngress"}:           {target: docsHost},
 	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestWebhookBridge"}:     {target: docsHost},
+	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestIngressPolicy"}:     {target: docsHost},
 	{Group: "cluster.x-k8s.io", Kind: "Cluster"}:                                {target: docsHost},
 	{Group: "cluster.x-k8s.io", Kind: "ClusterClass"}:                           {target: docsHost},
 	{Group: "cluster.x-k8s.io", Kind: "MachineDeployment"}:                      {target: docsHost},
@@ -1225,8 +1227,12 @@ func TestDocsRBACListsEveryRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	granted := map[string]map[string]bool{
-		"ClusterRole guestnet-manager-role":  rbacPermissions(t, filepath.Join(root, "config", "rbac", "role.yaml"), "ClusterRole"),
-		"Role guestnet-leader-election-role": rbacPermissions(t, filepath.Join(root, "config", "rbac", "leader_election_role.yaml"), "Role"),
+		"ClusterRole guestnet-manager-role":  rbacPermissions(t, filepath.Join(root, "config", "rbac", "role.yaml"), "ClusterRole", ""),
+		"Role guestnet-leader-election-role": rbacPermissions(t, filepath.Join(root, "config", "rbac", "leader_election_role.yaml"), "Role", ""),
+	}
+	// The roles for tenants and operators (kustomize prefixes their names with guestnet-).
+	for _, name := range []string{"tenant-edit", "tenant-view", "policy-view"} {
+		granted["ClusterRole guestnet-"+name] = rbacPermissions(t, filepath.Join(root, "config", "rbac", "tenant_roles.yaml"), "ClusterRole", name)
 	}
 	data, err := os.ReadFile(filepath.Join(root, "docs", "rbac.md"))
 	if err != nil {
@@ -1291,8 +1297,9 @@ func backticked(s string) []string {
 	return out
 }
 
-// rbacPermissions reads the rules of a Role or ClusterRole manifest as "group resource verb".
-func rbacPermissions(t *testing.T, path, kind string) map[string]bool {
+// rbacPermissions reads the rules of a Role or ClusterRole manifest as "group resource verb"
+// (of the role called name, or of every role of that kind when name is "").
+func rbacPermissions(t *testing.T, path, kind, name string) map[string]bool {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -1304,7 +1311,7 @@ func rbacPermissions(t *testing.T, path, kind string) map[string]bool {
 	}
 	perms := map[string]bool{}
 	for _, o := range objs {
-		if o.GetKind() != kind {
+		if o.GetKind() != kind || (name != "" && o.GetName() != name) {
 			continue
 		}
 		role := &rbacv1.ClusterRole{}
@@ -1427,4 +1434,72 @@ func TestDocsParsers(t *testing.T) {
 			t.Errorf("unknown kind: %v", problems)
 		}
 	})
+}
+
+// The GuestWebhookBridge page names, for each invariant, the tests that hold it: each must be
+// a test function of the repository. Every reason the bridge's API declares is documented
+// on that page and in the API reference. No cluster needed.
+func TestDocsBridgeInvariantsAndReasons(t *testing.T) {
+	root, err := lab.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(filepath.Join(root, "docs", "guestwebhookbridge.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(page), "\n## Invariants\n")
+	if start < 0 {
+		t.Fatal("docs/guestwebhookbridge.md has no section Invariants")
+	}
+	section := string(page)[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	tests := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range regexp.MustCompile(`(?m)^func (Test\w+)\(`).FindAllStringSubmatch(string(data), -1) {
+			tests[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile("`(Test\\w+)`").FindAllStringSubmatch(section, -1)
+	if len(named) < 10 {
+		t.Errorf("the Invariants section names only %d tests", len(named))
+	}
+	for _, m := range named {
+		if !tests[m[1]] {
+			t.Errorf("docs/guestwebhookbridge.md, Invariants: %s is not a test function of the repository", m[1])
+		}
+	}
+
+	types, err := os.ReadFile(filepath.Join(root, "api", "v1alpha1", "guestwebhookbridge_types.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiRef, err := os.ReadFile(filepath.Join(root, "docs", "api.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := regexp.MustCompile(`(?m)^\s+\w+Reason\s+=\s+"(\w+)"`).FindAllStringSubmatch(string(types), -1)
+	if len(reasons) < 10 {
+		t.Fatalf("found only %d reasons in guestwebhookbridge_types.go", len(reasons))
+	}
+	for _, m := range reasons {
+		for name, doc := range map[string][]byte{"docs/guestwebhookbridge.md": page, "docs/api.md": apiRef} {
+			if !strings.Contains(string(doc), "`"+m[1]+"`") {
+				t.Errorf("%s does not document the reason %s", name, m[1])
+			}
+		}
+	}
 }

@@ -9,21 +9,15 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2/textlogger"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -43,52 +37,10 @@ func TestRBAC_TheGeneratedRolesAreEnoughForTheManager(t *testing.T) {
 	ns := uniqueName("rbac")
 	g.Expect(host.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 
-	// The ServiceAccount, the ClusterRole exactly as generated, and the leader election Role
-	// (the manager here does not elect a leader; the Role is bound anyway, as deployed).
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "guestnet-manager"}}
-	g.Expect(host.Create(ctx, sa)).To(Succeed())
-	root, err := lab.RepoRoot()
-	g.Expect(err).NotTo(HaveOccurred())
-	clusterRole := &rbacv1.ClusterRole{}
-	readYAML(g, filepath.Join(root, "config/rbac/role.yaml"), clusterRole)
-	clusterRole.Name = ns + "-manager"
-	g.Expect(host.Create(ctx, clusterRole)).To(Succeed())
-	t.Cleanup(func() { _ = host.Delete(context.Background(), clusterRole) })
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: ns + "-manager"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: sa.Name}},
-	}
-	g.Expect(host.Create(ctx, binding)).To(Succeed())
-	t.Cleanup(func() { _ = host.Delete(context.Background(), binding) })
-	electionRole := &rbacv1.Role{}
-	readYAML(g, filepath.Join(root, "config/rbac/leader_election_role.yaml"), electionRole)
-	electionRole.Namespace = ns
-	g.Expect(host.Create(ctx, electionRole)).To(Succeed())
-
-	// The manager, as the ServiceAccount (a token from the TokenRequest API), logging to a
-	// buffer that the test reads.
-	clientset, err := kubernetes.NewForConfig(l.Host.Config)
-	g.Expect(err).NotTo(HaveOccurred())
-	token, err := clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa.Name,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	asManager := rest.AnonymousClientConfig(l.Host.Config)
-	asManager.BearerToken = token.Status.Token
-	var log syncBuffer
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&log), textlogger.Verbosity(2)))
-	_, stop, err := lab.RunManagerAs(ctx, l, asManager, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers, logger)
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() {
-		_ = stop()
-		if t.Failed() {
-			for _, line := range strings.Split(log.String(), "\n") {
-				if strings.Contains(line, "forbidden") {
-					t.Logf("manager: %s", line)
-				}
-			}
-		}
-	})
+	// The manager as a ServiceAccount with the ClusterRole exactly as generated and the leader
+	// election Role (the manager here does not elect a leader; the Role is bound anyway, as
+	// deployed), logging to a buffer that the test reads.
+	log, stop := runManagerAsServiceAccount(t, l, ns, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
 
 	// A GuestIngress, Ready: Services, Cilium pool and policy, EndpointSlices, events.
 	startCiliumStandIn(t, l)

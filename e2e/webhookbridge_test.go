@@ -21,6 +21,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
@@ -86,6 +87,9 @@ func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testin
 		// Conditions and the rest of status are two patches: wait for both.
 		g.Expect(got.Status.BridgedTargets).To(BeEquivalentTo(3))
 	})
+	// Both copies of every record: the guest objects' annotations and the bridge's status.
+	g.Expect(status.Status.Records).To(HaveLen(3))
+	g.Expect(getValidating(ctx, g, guest).Annotations).To(HaveKey(guestnetv1.BridgeOriginalAnnotation))
 	msg := conditions.GetMessage(status, guestnetv1.TargetsReachableCondition)
 	g.Expect(msg).To(ContainSubstring("2 of 3 bridged targets cannot be called"))
 	g.Expect(msg).To(ContainSubstring("not " + serverName + ", the name the guest apiserver verifies"))
@@ -96,7 +100,8 @@ func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testin
 		Should(MatchError(And(ContainSubstring("failed calling webhook"), ContainSubstring("x509"))))
 
 	// The user does what the condition says (cert-manager's --dynamic-serving-dns-names, which
-	// the chart value webhook.url.host also sets); the bridge notices on its next check.
+	// the chart value webhook.url.host also sets), and asks for a new probe with the recheck
+	// annotation, as the docs say (a restarted server changes nothing the bridge watches).
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -105,6 +110,8 @@ func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testin
 		}
 	})
 	g.Expect(cm.SetWebhookDNSNames(ctx, l, serverName)).To(Succeed())
+	recheck := []byte(`{"metadata":{"annotations":{"` + guestnetv1.RecheckAnnotation + `":"1"}}}`)
+	g.Expect(host.Patch(ctx, gwb, client.RawPatch(types.MergePatchType, recheck))).To(Succeed())
 	eventuallyBridge(ctx, g, host, gwb, timeout, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
 		g.Expect(conditions.IsTrue(got, guestnetv1.ReadyCondition)).To(BeTrue(), "%v", got.Status.Conditions)
 	})

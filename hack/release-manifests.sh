@@ -5,6 +5,8 @@
 #   metadata.yaml          the release series -> Cluster API contract map (copied as it is)
 #   cluster-template*.yaml, clusterclass-*.yaml  the templates/ for `clusterctl generate
 #                          cluster --from <release URL>/<file>`
+#   guestingresspolicy.yaml  the host admin's GuestIngressPolicy for a tenant namespace
+#                          (`clusterctl generate yaml --from <release URL>/guestingresspolicy.yaml`)
 # The manager image is IMAGE:TAG, set with `kustomize edit set image` on a copy of config/ (the
 # repository keeps the dev tag). The script fails unless metadata.yaml has a release series for
 # TAG's major.minor, as clusterctl requires. `make release` adds the image archive and
@@ -31,6 +33,6 @@ mkdir -p "$dir"
 mv "$dir/addon-components.yaml.tmp" "$dir/addon-components.yaml"
 cp metadata.yaml "$dir/metadata.yaml"
 shopt -s nullglob
-templates=(templates/cluster-template*.yaml templates/clusterclass-*.yaml)
+templates=(templates/cluster-template*.yaml templates/clusterclass-*.yaml templates/guestingresspolicy.yaml)
 if ((${#templates[@]})); then cp "${templates[@]}" "$dir/"; fi
 echo "release $tag written to $dir: $(cd "$dir" && ls | tr '\n' ' ')"

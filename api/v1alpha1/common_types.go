@@ -48,6 +48,11 @@ const (
 	DeletingReason = "Deleting"
 	// InternalErrorReason: an unexpected error; the message carries it.
 	InternalErrorReason = "InternalError"
+	// InvalidSpecReason: the spec passed admission but a value the CRD could not check is not
+	// usable (a GuestIngress label value, l2 interface regular expression or node selector; a
+	// bridge label selector written before the CRD validated it); guestnet changes nothing
+	// until it is corrected, and the message says what to change.
+	InvalidSpecReason = "InvalidSpec"
 
 	// GuestGoneReason: the Cluster, or its <cluster>-kubeconfig Secret, is gone for good:
 	// nothing in the guest can be restored any more, so guestnet cleans the host side and

@@ -51,10 +51,6 @@ const (
 	// false, a headless or an ExternalName Service); guestnet changes nothing and the message
 	// says what to change.
 	NoNodePortsReason = "NoNodePorts"
-	// InvalidSpecReason: a value of spec.loadBalancer that admission could not check is not
-	// usable (a label value, an l2 interface regular expression, an l2 node selector); guestnet
-	// changes nothing on the host until it is corrected.
-	InvalidSpecReason = "InvalidSpec"
 	// HostObjectRejectedReason: the host apiserver refused a host object guestnet built from
 	// the spec; the message quotes it.
 	HostObjectRejectedReason = "HostObjectRejected"

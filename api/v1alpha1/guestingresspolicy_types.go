@@ -22,27 +22,74 @@ const (
 	QuotaExceededReason = "QuotaExceeded"
 )
 
+// Ready condition reasons of a GuestIngressPolicy (besides ReadyReason): the policy cannot
+// be used as written. A GuestIngress that needs the broken part is not admitted.
+const (
+	// SharedPoolNotFoundReason: a pool of spec.sharedPools does not exist.
+	SharedPoolNotFoundReason = "SharedPoolNotFound"
+	// SharedPoolUnsafeReason: a pool of spec.sharedPools does not select Services by
+	// namespace (io.kubernetes.service.namespace): a tenant could match its serviceSelector
+	// with labels it sets, so guestnet does not use it.
+	SharedPoolUnsafeReason = "SharedPoolUnsafe"
+	// InvalidSelectorReason: spec.namespaceSelector or spec.l2Announcement.nodeSelector is
+	// not a valid label selector; the policy admits nothing.
+	InvalidSelectorReason = "InvalidSelector"
+	// InvalidInterfaceReason: an entry of spec.l2Announcement.interfaces is not a regular
+	// expression Cilium can use.
+	InvalidInterfaceReason = "InvalidInterface"
+)
+
+// Keys that never reach a host Service from spec.loadBalancer.annotations or .labels, whatever
+// a policy allows (the API server rejects policies that list them, and guestnet's builders
+// drop them): guestnet's own marks, Cilium LB-IPAM's and MetalLB's IP requests and sharing
+// keys, the key that hides a Service from kube-proxy and Cilium, and Cilium's pseudo-labels.
+var (
+	// ForbiddenHostServiceKeys are exact keys.
+	ForbiddenHostServiceKeys = []string{
+		"app.kubernetes.io/managed-by",
+		"cluster.x-k8s.io/cluster-name",
+		"service.kubernetes.io/service-proxy-name",
+	}
+	// ForbiddenHostServiceKeyPrefixes are prefixes: every key that starts with one.
+	ForbiddenHostServiceKeyPrefixes = []string{
+		"guestnet.addons.cluster.x-k8s.io/",
+		"lbipam.cilium.io/",
+		"io.cilium/lb-ipam-",
+		"metallb.io/",
+		"metallb.universe.tf/",
+		"io.kubernetes.service.",
+	}
+)
+
 // GuestIngressPolicySpec is what tenants of the selected namespaces may claim on the host
 // network through their GuestIngresses. Everything not listed is refused.
 type GuestIngressPolicySpec struct {
 	// namespaceSelector selects the namespaces whose GuestIngresses this policy admits.
-	// An empty selector ({}) selects every namespace.
+	// An empty selector ({}) selects every namespace; a namespace is selected by name with
+	// the kubernetes.io/metadata.name label the API server puts on every namespace.
 	// +required
 	NamespaceSelector metav1.LabelSelector `json:"namespaceSelector"`
 
-	// addresses are the load-balancer IP ranges (CIDRs) that spec.loadBalancer.ip and
-	// spec.loadBalancer.cidrs of an admitted GuestIngress must lie in.
+	// addresses are the load-balancer IP ranges (CIDRs, network address first, e.g.
+	// 10.2.6.0/24) that spec.loadBalancer.ip and every spec.loadBalancer.cidrs entry of an
+	// admitted GuestIngress must lie in. The pools guestnet creates contain only these.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=49
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each address range must be a CIDR such as 10.2.6.0/24"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).prefixLength() > 0",message="an address range of prefix length 0 admits every address, the host's own included: list the ranges tenants may announce"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="write an address range with its network address, e.g. 10.2.6.0/24 rather than 10.2.6.5/24"
 	Addresses []string `json:"addresses,omitempty"`
 
-	// sharedPools are the CiliumLoadBalancerIPPools, not guestnet's, that spec.loadBalancer.poolRef
-	// may name.
+	// sharedPools are the CiliumLoadBalancerIPPools, not guestnet's, that
+	// spec.loadBalancer.poolRef may name. Each must select Services by namespace
+	// (io.kubernetes.service.namespace), never only by labels a tenant could set; a
+	// spec.loadBalancer.ip with poolRef must lie in the pool's blocks.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=253
 	SharedPools []string `json:"sharedPools,omitempty"`
 
@@ -51,6 +98,7 @@ type GuestIngressPolicySpec struct {
 	// +listType=set
 	// +kubebuilder:default={"io.cilium/l2-announcer"}
 	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=253
 	LoadBalancerClasses []string `json:"loadBalancerClasses,omitempty"`
 
@@ -61,10 +109,11 @@ type GuestIngressPolicySpec struct {
 
 	// hostService says what a GuestIngress may pass to its host Service.
 	// +optional
+	// +kubebuilder:default={}
 	HostService HostServicePolicy `json:"hostService,omitempty"`
 
 	// maxGuestIngressesPerNamespace caps the GuestIngresses this policy admits in one
-	// namespace (the oldest are admitted). Unset: no cap.
+	// namespace: the oldest are admitted, the others get QuotaExceeded. Unset: no cap.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	MaxGuestIngressesPerNamespace *int32 `json:"maxGuestIngressesPerNamespace,omitempty"`
@@ -72,9 +121,9 @@ type GuestIngressPolicySpec struct {
 
 // L2AnnouncementPolicy bounds the CiliumL2AnnouncementPolicy guestnet creates.
 type L2AnnouncementPolicy struct {
-	// interfaces are the host interface regular expressions that may announce. A GuestIngress's
-	// spec.loadBalancer.l2.interfaces must each be one of them; when it names none, all of
-	// these are used.
+	// interfaces are the host interface regular expressions that may announce, e.g. ^eth0$.
+	// A GuestIngress's spec.loadBalancer.l2.interfaces must each be one of them, written
+	// the same; when it names none, all of these are used.
 	// +required
 	// +listType=set
 	// +kubebuilder:validation:MinItems=1
@@ -92,23 +141,30 @@ type L2AnnouncementPolicy struct {
 // HostServicePolicy says what a GuestIngress may pass to its host Service.
 type HostServicePolicy struct {
 	// allowedAnnotationKeys of spec.loadBalancer.annotations: exact keys, or a prefix ending
-	// in "/*" (e.g. "example.com/*"). Keys of Cilium LB-IPAM, MetalLB and guestnet itself
-	// are never passed.
+	// in "/*" (e.g. "example.com/*"). None by default. The keys of guestnet itself, Cilium
+	// LB-IPAM, MetalLB, service.kubernetes.io/service-proxy-name and io.kubernetes.service.*
+	// are never passed, and the API server rejects entries that would allow them.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=317
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^(([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[*])$')",message="each entry must be a key such as example.com/team, or a prefix such as example.com/*"
+	// +kubebuilder:validation:items:XValidation:rule="self.endsWith('/*') ? !(['guestnet.addons.cluster.x-k8s.io/', 'lbipam.cilium.io/', 'io.cilium/lb-ipam-', 'metallb.io/', 'metallb.universe.tf/', 'io.kubernetes.service.'].exists(d, d.startsWith(self.substring(0, size(self) - 1)) || self.substring(0, size(self) - 1).startsWith(d)) || ['app.kubernetes.io/managed-by', 'cluster.x-k8s.io/cluster-name', 'service.kubernetes.io/service-proxy-name'].exists(k, k.startsWith(self.substring(0, size(self) - 1)))) : !(['guestnet.addons.cluster.x-k8s.io/', 'lbipam.cilium.io/', 'io.cilium/lb-ipam-', 'metallb.io/', 'metallb.universe.tf/', 'io.kubernetes.service.'].exists(d, self.startsWith(d)) || self in ['app.kubernetes.io/managed-by', 'cluster.x-k8s.io/cluster-name', 'service.kubernetes.io/service-proxy-name'])",message="no policy can allow this key: guestnet never passes its own keys (guestnet.addons.cluster.x-k8s.io/*, app.kubernetes.io/managed-by, cluster.x-k8s.io/cluster-name), Cilium LB-IPAM's (lbipam.cilium.io/*, io.cilium/lb-ipam-*), MetalLB's (metallb.io/*, metallb.universe.tf/*), service.kubernetes.io/service-proxy-name or io.kubernetes.service.* to a host Service"
 	AllowedAnnotationKeys []string `json:"allowedAnnotationKeys,omitempty"`
 
 	// allowedLabelKeys of spec.loadBalancer.labels, written like allowedAnnotationKeys.
+	// Labels take part in pool selection: allow none that a pool's serviceSelector uses.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=317
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^(([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[*])$')",message="each entry must be a key such as example.com/team, or a prefix such as example.com/*"
+	// +kubebuilder:validation:items:XValidation:rule="self.endsWith('/*') ? !(['guestnet.addons.cluster.x-k8s.io/', 'lbipam.cilium.io/', 'io.cilium/lb-ipam-', 'metallb.io/', 'metallb.universe.tf/', 'io.kubernetes.service.'].exists(d, d.startsWith(self.substring(0, size(self) - 1)) || self.substring(0, size(self) - 1).startsWith(d)) || ['app.kubernetes.io/managed-by', 'cluster.x-k8s.io/cluster-name', 'service.kubernetes.io/service-proxy-name'].exists(k, k.startsWith(self.substring(0, size(self) - 1)))) : !(['guestnet.addons.cluster.x-k8s.io/', 'lbipam.cilium.io/', 'io.cilium/lb-ipam-', 'metallb.io/', 'metallb.universe.tf/', 'io.kubernetes.service.'].exists(d, self.startsWith(d)) || self in ['app.kubernetes.io/managed-by', 'cluster.x-k8s.io/cluster-name', 'service.kubernetes.io/service-proxy-name'])",message="no policy can allow this key: guestnet never passes its own keys (guestnet.addons.cluster.x-k8s.io/*, app.kubernetes.io/managed-by, cluster.x-k8s.io/cluster-name), Cilium LB-IPAM's (lbipam.cilium.io/*, io.cilium/lb-ipam-*), MetalLB's (metallb.io/*, metallb.universe.tf/*), service.kubernetes.io/service-proxy-name or io.kubernetes.service.* to a host Service"
 	AllowedLabelKeys []string `json:"allowedLabelKeys,omitempty"`
 
 	// externalTrafficPolicies that spec.loadBalancer.externalTrafficPolicy may name. Local
-	// makes the host allocate a health-check nodePort on every host node.
+	// makes the host allocate a health-check nodePort, open on every host node; host
+	// Services never get other nodePorts (allocateLoadBalancerNodePorts: false).
 	// +optional
 	// +listType=set
 	// +kubebuilder:default={"Cluster"}
@@ -119,6 +175,11 @@ type HostServicePolicy struct {
 
 // GuestIngressPolicyStatus is what the policy admits now.
 type GuestIngressPolicyStatus struct {
+	// selector is spec.namespaceSelector in kubectl's selector syntax ("<all>" for {}).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Selector string `json:"selector,omitempty"`
+
 	// namespaces counts the namespaces the policy selects.
 	// +optional
 	Namespaces int32 `json:"namespaces"`
@@ -126,6 +187,13 @@ type GuestIngressPolicyStatus struct {
 	// admittedGuestIngresses counts the GuestIngresses the policy admits.
 	// +optional
 	AdmittedGuestIngresses int32 `json:"admittedGuestIngresses"`
+
+	// guestIngresses are the GuestIngresses the policy admits, by namespace and name, with
+	// what each claims (the first 32).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	GuestIngresses []AdmittedGuestIngress `json:"guestIngresses,omitempty"`
 
 	// observedGeneration is the generation this status was computed for.
 	// +optional
@@ -139,9 +207,32 @@ type GuestIngressPolicyStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// AdmittedGuestIngress is one GuestIngress a policy admits.
+type AdmittedGuestIngress struct {
+	// namespace of the GuestIngress.
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace"`
+	// name of the GuestIngress.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// claim is what it claims, e.g. "10.2.6.220", "10.2.6.216/29" or "pool shared".
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Claim string `json:"claim,omitempty"`
+}
+
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:path=guestingresspolicies,scope=Cluster,shortName=gip,categories=guestnet
+// +kubebuilder:printcolumn:name="Selector",type="string",JSONPath=".status.selector",description="Namespaces the policy selects"
+// +kubebuilder:printcolumn:name="Namespaces",type="integer",JSONPath=".status.namespaces",description="Namespaces selected"
+// +kubebuilder:printcolumn:name="Addresses",type="string",JSONPath=".spec.addresses",description="Load-balancer IP ranges admitted"
+// +kubebuilder:printcolumn:name="Classes",type="string",JSONPath=".spec.loadBalancerClasses",description="loadBalancerClasses admitted"
+// +kubebuilder:printcolumn:name="Admitted",type="integer",JSONPath=".status.admittedGuestIngresses",description="GuestIngresses admitted"
+// +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status"
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 
 // GuestIngressPolicy is owned by the host cluster's admin: it says what the GuestIngresses
 // of a set of namespaces may claim on the host network (IP ranges, classes, announcing nodes

@@ -48,6 +48,30 @@ const (
 	// WaitingForAvailabilityReason: mode Auto waits for the aggregator's first verdict on an
 	// APIService before deciding whether it needs the bridge.
 	WaitingForAvailabilityReason = "WaitingForAvailability"
+	// TooManyTargetsReason: the selection matches more than MaxTargets targets; the message
+	// names what was left out. guestnet bridges the first MaxTargets (those it already
+	// rewrote first) and touches none of the others.
+	TooManyTargetsReason = "TooManyTargets"
+	// RecordUnreadableReason: a target points at this bridge, but neither copy of its record
+	// (the guest annotation, the bridge's status.records) can be read, so guestnet does not
+	// know what to restore: it leaves the target and every Service of the bridge as they
+	// are. Only that target is affected.
+	RecordUnreadableReason = "RecordUnreadable"
+)
+
+// Bounds of a bridge, so that its status patch is never rejected.
+const (
+	// MaxTargets is the most targets one bridge handles (status.targets holds one entry each).
+	MaxTargets = 256
+	// MaxRecords bounds status.records: the records of the targets bridged now and of those
+	// being restored.
+	MaxRecords = 2 * MaxTargets
+	// MaxRecordOriginal and MaxRecordWritten bound one record; a target whose record would
+	// be longer (a webhook path of hundreds of characters) is not bridged.
+	MaxRecordOriginal = 1024
+	MaxRecordWritten  = 2048
+	// MaxTargetMessage bounds status.targets[].message.
+	MaxTargetMessage = 1024
 )
 
 // Marks guestnet puts on the guest objects it changes.
@@ -57,6 +81,13 @@ const (
 	// original service reference of each target, written in the same update as the rewrite.
 	// Deleting the bridge, or dropping the target from it, puts the originals back from it.
 	BridgeOriginalAnnotation = "guestnet.addons.cluster.x-k8s.io/bridge-original"
+
+	// RecheckAnnotation, on a GuestWebhookBridge: changing its value (any value) makes
+	// guestnet probe every bridged target again at once. Probes otherwise run again only when
+	// what they depend on changes (the host Service's endpoints, the caBundle, the name) or
+	// every 5 minutes; set it after fixing a certificate, e.g.
+	// kubectl annotate gwb webhooks guestnet.addons.cluster.x-k8s.io/recheck="$(date +%s)" --overwrite
+	RecheckAnnotation = "guestnet.addons.cluster.x-k8s.io/recheck"
 )
 
 // BridgeMode says when a target is rewritten.
@@ -137,11 +168,56 @@ type TargetSelector struct {
 
 	// selector selects the objects by label.
 	// +optional
-	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+	Selector *TargetLabelSelector `json:"selector,omitempty"`
 
 	// all selects every object of the kind that references a Service.
 	// +optional
 	All bool `json:"all,omitempty"`
+}
+
+// TargetLabelSelector is a label selector (the fields of metav1.LabelSelector), bounded and
+// validated when it is written: a key must be a qualified name, a value a label value.
+type TargetLabelSelector struct {
+	// matchLabels: every key must have this value.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",message="each matchLabels key must be a label key: an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', e.g. app.kubernetes.io/name"
+	MatchLabels map[string]LabelValue `json:"matchLabels,omitempty"`
+
+	// matchExpressions: every requirement must hold.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	MatchExpressions []TargetLabelSelectorRequirement `json:"matchExpressions,omitempty"`
+}
+
+// LabelValue is the value of a label in a TargetLabelSelector.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:XValidation:rule="self.matches('^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$')",message="each matchLabels value must be a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+type LabelValue string
+
+// TargetLabelSelectorRequirement is one requirement of a TargetLabelSelector.
+// +kubebuilder:validation:XValidation:rule="self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",message="operators In and NotIn need values; Exists and DoesNotExist take none"
+type TargetLabelSelectorRequirement struct {
+	// key is the label key.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')",message="key must be a label key: an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', e.g. app.kubernetes.io/name"
+	Key string `json:"key"`
+
+	// operator is In, NotIn, Exists or DoesNotExist.
+	// +required
+	// +kubebuilder:validation:Enum=In;NotIn;Exists;DoesNotExist
+	Operator metav1.LabelSelectorOperator `json:"operator"`
+
+	// values for In and NotIn.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$')",message="each value must be a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+	Values []string `json:"values,omitempty"`
 }
 
 // NodePortRange is a contiguous range of guest nodePorts.
@@ -162,11 +238,21 @@ type NodePortRange struct {
 
 // GuestWebhookBridgeStatus is what guestnet observed and did, target by target.
 type GuestWebhookBridgeStatus struct {
-	// targets has one entry per selected guest object (per webhook for webhook configurations).
+	// targets has one entry per selected guest object (per webhook for webhook configurations),
+	// for the first 256 targets (condition TargetsBridged names what was left out).
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=256
 	Targets []TargetStatus `json:"targets,omitempty"`
+
+	// records is guestnet's host copy of what it replaced in the guest: one entry per target
+	// it rewrote, written before the guest object and kept until the original is back. The
+	// guest object carries the same record in its bridge-original annotation; guestnet
+	// re-derives either copy from the other, so a removed or damaged annotation loses nothing.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=512
+	Records []BridgeRecord `json:"records,omitempty"`
 
 	// bridgedTargets counts the targets that reach their endpoint through the bridge or
 	// were left alone because they already reach it.
@@ -223,7 +309,33 @@ type TargetStatus struct {
 	Reachable *bool `json:"reachable,omitempty"`
 	// message says what is wrong and what to do about it.
 	// +optional
+	// +kubebuilder:validation:MaxLength=1024
 	Message string `json:"message,omitempty"`
+}
+
+// BridgeRecord is what a GuestWebhookBridge replaced in one guest target.
+type BridgeRecord struct {
+	// kind of the guest object.
+	// +required
+	Kind TargetKind `json:"kind"`
+	// name of the guest object.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// webhook is the name of the webhook inside a webhook configuration.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Webhook string `json:"webhook,omitempty"`
+	// original is the target's service reference before guestnet rewrote it, as JSON:
+	// clientConfig.service of a webhook, spec.service of an APIService.
+	// +required
+	// +kubebuilder:validation:MaxLength=1024
+	Original string `json:"original"`
+	// written is what guestnet wrote in its place: the url of a webhook, the
+	// <namespace>/<name>:<port> service of an APIService.
+	// +required
+	// +kubebuilder:validation:MaxLength=2048
+	Written string `json:"written"`
 }
 
 // +kubebuilder:object:root=true

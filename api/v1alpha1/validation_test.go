@@ -216,6 +216,23 @@ func TestValidationGuestWebhookBridge(t *testing.T) {
 		{"empty name rejected", `{apiServices: {names: [""]}}`, `spec.apiServices.names[0] in body should be at least 1 chars long`},
 		{"65 names rejected", `{apiServices: {names: ` + names(65) + `}}`, `spec.apiServices.names: Too many: 65: must have at most 64 items`},
 
+		// selector: a label selector the controller can use, checked at admission
+		{"selector with matchLabels and matchExpressions accepted", `{apiServices: {names: null, selector: {matchLabels: {app.kubernetes.io/name: metrics-server, tier: ""}, matchExpressions: [{key: example.com/team, operator: In, values: [a, b]}, {key: legacy, operator: DoesNotExist}]}}}`, ""},
+		{"matchLabels key with a space rejected", `{apiServices: {names: null, selector: {matchLabels: {"app name": x}}}}`, `each matchLabels key must be a label key`},
+		{"matchLabels key with two slashes rejected", `{apiServices: {names: null, selector: {matchLabels: {"a/b/c": x}}}}`, `each matchLabels key must be a label key`},
+		{"matchLabels key name of 64 characters rejected", `{apiServices: {names: null, selector: {matchLabels: {` + strings.Repeat("k", 64) + `: x}}}}`, `each matchLabels key must be a label key`},
+		{"matchLabels value with a slash rejected", `{apiServices: {names: null, selector: {matchLabels: {app: "cert-manager/webhook"}}}}`, `each matchLabels value must be a label value`},
+		{"matchLabels value of 64 characters rejected", `{apiServices: {names: null, selector: {matchLabels: {app: ` + strings.Repeat("v", 64) + `}}}}`, `spec.apiServices.selector.matchLabels.app: Too long: may not be more than 63 bytes`},
+		{"33 matchLabels rejected", `{apiServices: {names: null, selector: {matchLabels: ` + labels(33) + `}}}`, `spec.apiServices.selector.matchLabels: Too many: 33: must have at most 32 items`},
+		{"unknown operator rejected", `{apiServices: {names: null, selector: {matchExpressions: [{key: app, operator: Equals, values: [x]}]}}}`, `spec.apiServices.selector.matchExpressions[0].operator: Unsupported value: "Equals"`},
+		{"In without values rejected", `{validatingWebhooks: {selector: {matchExpressions: [{key: app, operator: In}]}}}`, `operators In and NotIn need values; Exists and DoesNotExist take none`},
+		{"Exists with values rejected", `{mutatingWebhooks: {selector: {matchExpressions: [{key: app, operator: Exists, values: [x]}]}}}`, `operators In and NotIn need values; Exists and DoesNotExist take none`},
+		{"expression key with a space rejected", `{apiServices: {names: null, selector: {matchExpressions: [{key: "app name", operator: Exists}]}}}`, `key must be a label key`},
+		{"expression value with a space rejected", `{apiServices: {names: null, selector: {matchExpressions: [{key: app, operator: In, values: ["a b"]}]}}}`, `each value must be a label value`},
+		{"expression value of 64 characters rejected", `{apiServices: {names: null, selector: {matchExpressions: [{key: app, operator: NotIn, values: [` + strings.Repeat("v", 64) + `]}]}}}`, `Too long: may not be more than 63 bytes`},
+		{"17 matchExpressions rejected", `{apiServices: {names: null, selector: {matchExpressions: ` + expressions(17) + `}}}`, `spec.apiServices.selector.matchExpressions: Too many: 17: must have at most 16 items`},
+		{"unknown selector field rejected", `{apiServices: {names: null, selector: {matchLabel: {app: x}}}}`, `unknown field "spec.apiServices.selector.matchLabel"`},
+
 		// nodePortRange
 		{"nodePortRange inside the nodePort range accepted", `{nodePortRange: {start: 30100, size: 8}}`, ""},
 		{"nodePortRange ending exactly at 32767 accepted", `{nodePortRange: {start: 32752, size: 16}}`, ""},
@@ -623,6 +640,22 @@ func expressions(n int) string {
 }
 
 // names returns n distinct APIService names as a YAML flow list.
+func labels(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf("k%d: v", i)
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+func expressions(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf("{key: k%d, operator: Exists}", i)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
 func names(n int) string {
 	items := make([]string, n)
 	for i := range items {

@@ -178,8 +178,7 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 			siblings = append(siblings, other)
 		}
 	}
-	d := r.Admit(policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName})
-	return ingress.Admission{Admitted: d.Admitted, Policy: d.Policy, Reason: d.Reason, Message: d.Message, Announcement: d.Announcement}, nil
+	return r.Admit(policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName}), nil
 }
 
 // claimants are the other GuestIngresses as claimants, with what each holds on the host

@@ -379,20 +379,27 @@ func TestGuestIngressPhases_PoolConflicts(t *testing.T) {
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a pool that Cilium would mark conflicting")
 }
 
-// With poolRef guestnet creates no pool: PoolNotFound until the pool exists; a pool that
-// does not select the host Service leaves the IP pending with a hint.
+// With poolRef guestnet creates no pool. The pool must be one a GuestIngressPolicy offers:
+// not admitted until it exists; a pool pinned to another namespace leaves the IP pending
+// with a hint; pinned to this namespace, the Service gets its IP from it.
 func TestGuestIngressPhases_PoolRef(t *testing.T) {
 	t.Parallel()
 	e := newPhaseEnv(t, envOptions{})
 	e.createGuestService(corev1.ServiceTypeClusterIP, nil)
 	gc := e.createCluster("tenant-a", 1)
 	poolName := "shared-" + e.ns
+	offer := lab.LabPolicy()
+	offer.Name = "poolref-" + e.ns
+	offer.Spec.NamespaceSelector = metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: e.ns}}
+	offer.Spec.SharedPools = []string{poolName}
+	e.g.Expect(e.host.Create(e.ctx, offer)).To(Succeed())
+	t.Cleanup(func() { _ = e.host.Delete(context.Background(), offer) })
 	gi := e.createGuestIngress("web", gc.Name, func(gi *guestnetv1.GuestIngress) {
 		gi.Spec.LoadBalancer.IP = ""
 		gi.Spec.LoadBalancer.PoolRef = &guestnetv1.PoolReference{Name: poolName}
 	})
-	c := e.eventuallyCondition(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolNotFoundReason)
-	e.g.Expect(c.Message).To(ContainSubstring("CiliumLoadBalancerIPPool %s (spec.loadBalancer.poolRef) does not exist", poolName))
+	c := e.eventuallyCondition(gi, guestnetv1.AdmittedCondition, metav1.ConditionFalse, guestnetv1.NotAllowedReason)
+	e.g.Expect(c.Message).To(ContainSubstring("shared pool %s, which does not exist", poolName))
 	_, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-web")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "no pool of guestnet's own with poolRef")
 
@@ -400,7 +407,7 @@ func TestGuestIngressPhases_PoolRef(t *testing.T) {
 	pool.SetName(poolName)
 	pool.Object["spec"] = map[string]any{
 		"blocks":          []any{map[string]any{"cidr": e.lbNet + ".32/28"}},
-		"serviceSelector": map[string]any{"matchLabels": map[string]any{hostnames.GuestIngressNamespaceLabel: "someone-else"}},
+		"serviceSelector": map[string]any{"matchLabels": map[string]any{ingress.ServiceNamespaceKey: "someone-else"}},
 	}
 	e.g.Expect(e.host.Create(e.ctx, pool)).To(Succeed())
 	t.Cleanup(func() { _ = e.host.Delete(context.Background(), pool) })
@@ -412,7 +419,7 @@ func TestGuestIngressPhases_PoolRef(t *testing.T) {
 		if err := e.host.Get(e.ctx, client.ObjectKey{Name: poolName}, live); err != nil {
 			return err
 		}
-		_ = unstructured.SetNestedStringMap(live.Object, map[string]string{hostnames.GuestIngressNamespaceLabel: e.ns}, "spec", "serviceSelector", "matchLabels")
+		_ = unstructured.SetNestedStringMap(live.Object, map[string]string{ingress.ServiceNamespaceKey: e.ns}, "spec", "serviceSelector", "matchLabels")
 		return e.host.Update(e.ctx, live)
 	})).To(Succeed())
 	got := e.eventuallyReady(gi)

@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -42,9 +44,10 @@ const controllerName = "guestwebhookbridge"
 type Reconciler struct {
 	Client client.Client
 
-	// APIReader reads from the host apiserver directly, to find a host Service of someone
-	// else's where the bridge would create one (the manager's cache holds only guestnet's).
-	// The manager's API reader when nil.
+	// APIReader reads from the host apiserver directly: a host Service of someone else's
+	// where the bridge would create one (the manager's cache holds only guestnet's), and what
+	// must not lag (the bridge's own records and Services when it is deleted, whether a guest
+	// is gone, whether a bridge a record names exists). The manager's API reader when nil.
 	APIReader client.Reader
 
 	// ClusterCache gives access to the guest cluster through its <cluster>-kubeconfig Secret.
@@ -60,6 +63,15 @@ type Reconciler struct {
 
 	recorder   events.EventRecorder
 	controller controller.Controller
+
+	memoOnce sync.Once
+	answers  *memo
+}
+
+// memo is what the reconciler remembers between reconciles (see memo).
+func (r *Reconciler) memo() *memo {
+	r.memoOnce.Do(func() { r.answers = newMemo() })
+	return r.answers
 }
 
 // scope is what one reconcile of a GuestWebhookBridge works with.
@@ -78,10 +90,27 @@ type scope struct {
 	keepHost, keepGuest map[string]bool
 	// paused is true when CAPI pause applies: then only the Paused condition is written.
 	paused bool
+	// patchHelper writes the bridge back at the end of the reconcile; original is the state
+	// it compares with.
+	patchHelper *patch.Helper
+	original    *guestnetv1.GuestWebhookBridge
+}
+
+// recordsStored tells the deferred patch that status.records was stored as records already
+// (writeHostRecords), so that it does not write them again.
+func (s *scope) recordsStored(records []guestnetv1.BridgeRecord, c client.Client) error {
+	s.original.Status.Records = records
+	h, err := patch.NewHelper(s.original, c)
+	if err != nil {
+		return err
+	}
+	s.patchHelper = h
+	return nil
 }
 
 // SetupWithManager registers the controller. Besides GuestWebhookBridge itself it watches
-// Clusters (pause, provisioning, creation and deletion change what a bridge reports), the
+// Clusters (pause, provisioning, creation and deletion change what a bridge reports), their
+// <cluster>-kubeconfig Secrets (a deleted one ends a deletion waiting for the guest), the
 // ClusterCache's connect/disconnect events, the MachineDeployments (PortsDeclared), its host
 // Services and their EndpointSlices (workers come and go), and, through the ClusterCache, the
 // guest's APIServices, webhook configurations and Services (see watchGuest): a Helm revert
@@ -116,6 +145,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToBridges),
 			builder.WithPredicates(filter)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToBridges)).
+		// A deleted <cluster>-kubeconfig Secret means the guest is gone for good: a deletion
+		// waiting for the guest gives up at once.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.kubeconfigSecretToBridges)).
 		Owns(&corev1.Service{}).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToBridge)).
 		WithOptions(options).
@@ -133,6 +165,15 @@ func (r *Reconciler) clusterToBridges(key client.ObjectKey) handler.MapFunc {
 	toBridges := clusterscope.ClusterToObjects(r.Client, func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 	return func(ctx context.Context, _ client.Object) []reconcile.Request { return toBridges(ctx, cluster) }
+}
+
+// kubeconfigSecretToBridges maps a <cluster>-kubeconfig Secret to the Cluster's bridges.
+func (r *Reconciler) kubeconfigSecretToBridges(ctx context.Context, o client.Object) []reconcile.Request {
+	cluster, ok := strings.CutSuffix(o.GetName(), "-kubeconfig")
+	if !ok || o.GetLabels()[clusterv1.ClusterNameLabel] != cluster {
+		return nil
+	}
+	return r.clusterToBridges(client.ObjectKey{Namespace: o.GetNamespace(), Name: cluster})(ctx, o)
 }
 
 // endpointSliceToBridge maps an EndpointSlice of a host Service of a bridge to the bridge.
@@ -169,9 +210,10 @@ func (r *Reconciler) endpointSliceToBridge(ctx context.Context, o client.Object)
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch
 // In the guest, guestnet acts with the identity of the <cluster>-kubeconfig Secret: it reads
-// APIServices, webhook configurations, Services and konnectivity agent pods, updates the
-// selected APIServices and webhook configurations, and creates its NodePort and ExternalName
-// Services; no host RBAC is involved.
+// APIServices, webhook configurations, Services and konnectivity agent pods, patches the
+// selected APIServices and webhook configurations (their service reference or url, and the
+// record annotation), and creates its NodePort and ExternalName Services; no host RBAC is
+// involved.
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -192,15 +234,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	s := &scope{bridge: bridge, cluster: cluster}
+	s := &scope{bridge: bridge, cluster: cluster, original: bridge.DeepCopy()}
 
 	patchHelper, err := patch.NewHelper(bridge, r.Client)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	s.patchHelper = patchHelper
 	conditionsBefore := slices.Clone(bridge.Status.Conditions)
 	defer func() {
-		if err := r.patch(ctx, patchHelper, s, conditionsBefore, reterr == nil); err != nil {
+		if err := r.patch(ctx, s.patchHelper, s, conditionsBefore, reterr == nil); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()

@@ -6,90 +6,107 @@ import (
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
-
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/events"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
-// objectEdits collects the changes of one reconcile to the guest's APIServices and webhook
-// configurations, so that each object is written once, with all its changes together (a
-// configuration's webhooks, and the record of each, live in one object).
-type objectEdits struct {
-	observed bridge.Observed
-	order    []string
-	byObject map[string][]edit
-}
-
-type edit struct {
-	target bridge.Target
-	apply  func(client.Object) (bool, error)
-	reason string
-	note   string
-}
-
-func newObjectEdits(obs bridge.Observed) *objectEdits {
-	return &objectEdits{observed: obs, byObject: map[string][]edit{}}
-}
-
-func (e *objectEdits) add(t bridge.Target, apply func(client.Object) (bool, error), reason, note string) {
-	key := string(t.Kind) + "/" + t.Name
-	if _, ok := e.byObject[key]; !ok {
-		e.order = append(e.order, key)
-	}
-	e.byObject[key] = append(e.byObject[key], edit{target: t, apply: apply, reason: reason, note: note})
-}
-
-// write applies the edits to a copy of each object as observed and updates it with the
-// observed resourceVersion: if anyone changed the object since (cainjector, Helm), the update
-// fails with a conflict and the next reconcile starts from the new state.
-func (e *objectEdits) write(ctx context.Context, guest client.Client, recorder events.EventRecorder, gwb *guestnetv1.GuestWebhookBridge) error {
-	for _, key := range e.order {
-		edits := e.byObject[key]
-		obj := e.object(edits[0].target)
-		if obj == nil {
+// writeGuestObjects makes the plan's changes to the guest's APIServices and webhook
+// configurations (obs is what the plan was made from): each object is written once, with all
+// its changes, as one JSON patch of guestnet's fields only (bridge.GuestPatch), which carries
+// the observed resourceVersion: if anyone changed the object since (cainjector, Helm), the
+// patch fails with a conflict and the next reconcile starts from the new state. An object
+// that cannot be written does not stop the others; the errors are returned together.
+func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *bridge.Plan, obs bridge.Observed, guest client.Client) error {
+	me := hostnames.BridgeID(s.bridge)
+	objects, byObject := plan.Changes()
+	var errs []error
+	for _, key := range objects {
+		tps := byObject[key]
+		observed := obs.Object(tps[0].Target)
+		if observed == nil {
 			continue
 		}
-		var done []edit
-		for _, ed := range edits {
-			changed, err := ed.apply(obj)
-			if err != nil {
-				return err
-			}
-			if changed {
-				done = append(done, ed)
-			}
-		}
-		if len(done) == 0 {
+		obj := observed.DeepCopyObject().(client.Object)
+		done, err := bridge.Apply(obj, tps, me)
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		// The cache keeps only guestnet's managedFields entries: sending them would drop
-		// everyone else's. Without managedFields the apiserver keeps them as they are.
-		obj.SetManagedFields(nil)
-		if err := guest.Update(ctx, obj); err != nil {
-			return fmt.Errorf("updating %s in the guest: %w", key, err)
+		data, err := bridge.GuestPatch(observed, obj)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if data == nil {
+			continue
+		}
+		if err := guest.Patch(ctx, observed.DeepCopyObject().(client.Object), client.RawPatch(types.JSONPatchType, data),
+			client.FieldOwner(hostnames.FieldManager)); err != nil {
+			errs = append(errs, fmt.Errorf("patching %s in the guest: %w", key, err))
+			continue
 		}
 		// One event per reason and object: events.k8s.io folds events of the same reason,
 		// regarding and related object into one series, whatever their notes say.
 		var reasons []string
 		notes := map[string][]string{}
-		for _, ed := range done {
-			if _, ok := notes[ed.reason]; !ok {
-				reasons = append(reasons, ed.reason)
+		for _, tp := range done {
+			reason, note := changeNote(tp)
+			if _, ok := notes[reason]; !ok {
+				reasons = append(reasons, reason)
 			}
-			notes[ed.reason] = append(notes[ed.reason], ed.note)
+			notes[reason] = append(notes[reason], note)
 		}
 		for _, reason := range reasons {
-			recorder.Eventf(gwb, obj, corev1.EventTypeNormal, reason, actionRewrite, "%s", strings.Join(notes[reason], "; "))
+			r.recordWrite(ctx, s.bridge, targetObject(tps[0].Target), corev1.EventTypeNormal, reason, actionRewrite, strings.Join(notes[reason], "; "))
 		}
 	}
-	return nil
+	return kerrors.NewAggregate(errs)
 }
+
+// changeNote is the event reason and note of a change made to a target.
+func changeNote(tp *bridge.TargetPlan) (reason, note string) {
+	switch {
+	case tp.Action == bridge.ForgetAction:
+		return eventForgot, fmt.Sprintf("Left %s to its new owner: its url was changed after guestnet bridged it", tp.Target)
+	case tp.Action == bridge.RestoreAction && tp.Rewritten:
+		return eventRestored, fmt.Sprintf("Restored the original service reference of %s", tp.Target)
+	case tp.Action == bridge.RestoreAction:
+		return eventRestored, fmt.Sprintf("Dropped guestnet's record of %s: it no longer holds what guestnet wrote", tp.Target)
+	case tp.TookOverFrom != "":
+		return eventRepaired, fmt.Sprintf("Took over %s from GuestWebhookBridge %s, which no longer exists, with its original: %s", tp.Target, tp.TookOverFrom, describeRewrite(tp))
+	case tp.RecordOnly:
+		return eventRepaired, fmt.Sprintf("Repaired the record of %s on the guest object from the bridge's host copy (annotation %s was missing, damaged or stale)",
+			tp.Target, guestnetv1.BridgeOriginalAnnotation)
+	case tp.Rewritten || tp.Record != nil:
+		return eventRepaired, fmt.Sprintf("Repaired %s (it no longer pointed at the bridge): %s", tp.Target, describeRewrite(tp))
+	}
+	return eventBridged, fmt.Sprintf("Bridged %s: %s", tp.Target, describeRewrite(tp))
+}
+
+// recordWrite logs a write guestnet made, at the default level, and records it as an event
+// on the bridge (related: the object written, or nil).
+func (r *Reconciler) recordWrite(ctx context.Context, gwb *guestnetv1.GuestWebhookBridge, related client.Object, eventType, reason, action, note string) {
+	log := ctrl.LoggerFrom(ctx)
+	if related != nil {
+		log = log.WithValues("object", fmt.Sprintf("%T %s", related, client.ObjectKeyFromObject(related)))
+	}
+	log.Info(note, "reason", reason)
+	if r.recorder != nil {
+		r.recorder.Eventf(gwb, related, eventType, reason, action, "%s", bridge.Truncate(note, maxEventNote))
+	}
+}
+
+// maxEventNote keeps a note within the 1 kB events.k8s.io allows.
+const maxEventNote = 1000
 
 // targetObject is an empty object of t's kind and name, to name it as an event's related object.
 func targetObject(t bridge.Target) client.Object {
@@ -102,29 +119,4 @@ func targetObject(t bridge.Target) client.Object {
 	default:
 		return &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: meta}
 	}
-}
-
-// object is a copy of the observed object t belongs to.
-func (e *objectEdits) object(t bridge.Target) client.Object {
-	switch t.Kind {
-	case guestnetv1.APIServiceTarget:
-		for i := range e.observed.APIServices {
-			if e.observed.APIServices[i].Name == t.Name {
-				return e.observed.APIServices[i].DeepCopy()
-			}
-		}
-	case guestnetv1.ValidatingWebhookTarget:
-		for i := range e.observed.ValidatingWebhooks {
-			if e.observed.ValidatingWebhooks[i].Name == t.Name {
-				return e.observed.ValidatingWebhooks[i].DeepCopy()
-			}
-		}
-	case guestnetv1.MutatingWebhookTarget:
-		for i := range e.observed.MutatingWebhooks {
-			if e.observed.MutatingWebhooks[i].Name == t.Name {
-				return e.observed.MutatingWebhooks[i].DeepCopy()
-			}
-		}
-	}
-	return nil
 }

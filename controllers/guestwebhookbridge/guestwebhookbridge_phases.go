@@ -2,9 +2,11 @@ package guestwebhookbridge
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,11 +14,15 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/klog/v2"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -55,28 +61,30 @@ var ownedConditions = append([]string{guestnetv1.ReadyCondition, guestnetv1.Paus
 
 // Event reasons of the changes guestnet makes (condition changes have their own events).
 const (
-	eventBridged  = "Bridged"
-	eventRepaired = "Repaired"
-	eventRestored = "Restored"
-	eventForgot   = "LeftToUser"
-	eventApplied  = "Applied"
-	eventDeleted  = "Deleted"
-	eventWarning  = "TargetWarning"
+	eventBridged       = "Bridged"
+	eventRepaired      = "Repaired"
+	eventRestored      = "Restored"
+	eventForgot        = "LeftToUser"
+	eventApplied       = "Applied"
+	eventDeleted       = "Deleted"
+	eventWarning       = "TargetWarning"
+	eventRecorded      = "Recorded"
+	eventCleanupSkiped = "GuestCleanupSkipped"
 
 	actionRewrite = "Rewrite"
-	actionRestore = "Restore"
 	actionApply   = "Apply"
 	actionDelete  = "Delete"
+	actionRecord  = "Record"
+	actionRelease = "Release"
 
 	guestWatcher = controllerName + "-guest"
 )
 
-// Requeue intervals: the certificates and endpoints of bridged targets change without an
-// event guestnet sees (a server restarts with another certificate), so they are probed again.
-const (
-	recheckAfter = 5 * time.Minute
-	retryAfter   = 10 * time.Second
-)
+// recheckAfter is the safety interval of what guestnet cannot watch: a bridged target's
+// certificate and server (a server restarts with another certificate), the konnectivity
+// agents, cilium-config. Within it, probes and reads are repeated only when their inputs
+// change (memo).
+const recheckAfter = 5 * time.Minute
 
 // reconcileNormal bridges the selected targets once the guest cluster is reachable, and
 // reports each of them. While the guest apiserver cannot be reached, nothing is changed:
@@ -85,13 +93,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	gwb := s.bridge
 	guestClient, err := clusterscope.Connect(ctx, r.ClusterCache, gwb, s.cluster)
 	if s.cluster == nil {
-		// The Cluster is gone (or never existed), and its guest with it: nothing is left to
-		// restore. Remove the host Services; the bridge stays and waits for a Cluster.
+		// The Cluster is gone (or never existed), and its guest with it. Remove the host
+		// Services; the records stay (status.records), for a Cluster of that name coming back.
 		for _, c := range bridgeConditions {
 			conditions.Delete(gwb, c)
 		}
 		gwb.Status.Targets, gwb.Status.BridgedTargets, gwb.Status.TotalTargets = nil, 0, 0
-		return ctrl.Result{}, kerrors.NewAggregate([]error{err, r.deleteHostServices(ctx, s, nil)})
+		return ctrl.Result{}, kerrors.NewAggregate([]error{err, r.deleteHostServices(ctx, s, nil, r.Client)})
 	}
 	if err != nil || guestClient == nil {
 		// Not reachable yet: the Cluster watch or the ClusterCache connect event brings us back.
@@ -103,12 +111,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	}
 
 	// The workerports controller declares the ports; this object reports whether its own are.
-	if err := ports.ReportPortsDeclared(ctx, r.Client, guestClient, s.cluster, gwb, ports.ForBridge(gwb)); err != nil {
+	guestReader := ciliumConfigReader{Reader: guestClient, memo: r.memo(), cluster: client.ObjectKeyFromObject(s.cluster).String()}
+	if err := ports.ReportPortsDeclared(ctx, r.Client, guestReader, s.cluster, gwb, ports.ForBridge(gwb)); err != nil {
 		return ctrl.Result{}, err
 	}
 
 	plan, err := r.makePlan(ctx, s)
-	if err != nil {
+	if err != nil || plan == nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.reconcileHostServices(ctx, s, plan); err != nil {
@@ -121,24 +130,27 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, err
 	}
 	// Services go only after the targets that used them are restored: a guest object that
-	// carries a record always has its host Service (reconcileDelete relies on it).
-	if err := r.deleteGuestServices(ctx, s, s.keepGuest); err != nil {
-		return ctrl.Result{}, err
+	// carries a record always has its host Service (reconcileDelete relies on it). While a
+	// target points at the bridge without a readable record, none goes: which it uses is
+	// unknown.
+	if !plan.KeepServices {
+		if err := r.deleteGuestServices(ctx, s, s.keepGuest, s.guestClient); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := r.deleteHostServices(ctx, s, s.keepHost, r.Client); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
-	if err := r.deleteHostServices(ctx, s, s.keepHost); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.probe(ctx, s, plan)
+	next := r.probe(ctx, s, plan)
 
 	r.recordWarnings(gwb, plan)
 	gwb.Status.Targets = bridge.TargetStatuses(plan)
 	gwb.Status.BridgedTargets, gwb.Status.TotalTargets = bridge.Counts(plan)
 	bridge.SetTargetsBridgedCondition(gwb, plan)
 	bridge.SetTargetsReachableCondition(gwb, plan)
-	if conditions.IsTrue(gwb, guestnetv1.TargetsBridgedCondition) && conditions.IsTrue(gwb, guestnetv1.TargetsReachableCondition) {
-		return ctrl.Result{RequeueAfter: recheckAfter}, nil
-	}
-	return ctrl.Result{RequeueAfter: retryAfter}, nil
+	// Everything else that can change comes with an event (guest and host watches); what
+	// cannot be watched is checked again when its safety interval ends.
+	return ctrl.Result{RequeueAfter: next}, nil
 }
 
 // watchGuest makes the guest's APIService, webhook configuration and Service events reach
@@ -173,18 +185,26 @@ func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// makePlan reads the guest and plans the bridge.
+// makePlan reads the guest and plans the bridge. A nil plan without error: the spec cannot
+// be used, and the conditions say so.
 func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, error) {
 	obs, services, err := observeGuest(ctx, s.guestClient)
 	if err != nil {
 		return nil, err
 	}
 	s.observed = obs
-	targets, err := bridge.Select(&s.bridge.Spec, obs)
+	me := hostnames.BridgeID(s.bridge)
+	host := bridge.ReadHostRecords(me, s.bridge.Status.Records)
+	targets, err := bridge.Select(&s.bridge.Spec, obs, host)
+	if err != nil {
+		setInvalidSpec(s.bridge, err)
+		return nil, nil
+	}
+	in, err := r.planInput(ctx, s, obs, services, host, r.Client)
 	if err != nil {
 		return nil, err
 	}
-	in := bridge.Input{Bridge: s.bridge, Targets: targets, GuestServices: services}
+	in.Targets = targets
 	if s.bridge.Spec.Mode != guestnetv1.BridgeModeAlways && needsReachability(targets) {
 		agents, err := r.konnectivityAgents(ctx, s)
 		if err != nil {
@@ -193,6 +213,78 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, erro
 		in.Reach = bridge.GuestReachesServices(agents, obs.APIServices)
 	}
 	return bridge.MakePlan(in), nil
+}
+
+// planInput is the input of a plan but the selection: every target of the guest, the host
+// copy of the records, the bridges that records of other bridges name and that exist, and
+// the bridge's host Services (listed through hostReader).
+func (r *Reconciler) planInput(ctx context.Context, s *scope, obs bridge.Observed, services []corev1.Service, host bridge.HostRecords, hostReader client.Reader) (bridge.Input, error) {
+	in := bridge.Input{Bridge: s.bridge, All: bridge.AllTargets(obs), Host: host, GuestServices: services,
+		Claimants: map[string]bool{}, HostServices: map[string]bool{}}
+	me := hostnames.BridgeID(s.bridge)
+	var others []string
+	for _, t := range in.All {
+		if t.Record != nil && t.Record.Bridge != me {
+			others = append(others, t.Record.Bridge)
+		}
+	}
+	for i := range services {
+		if id, ok := services[i].Annotations[hostnames.BridgeAnnotation]; ok && id != me &&
+			services[i].Labels[hostnames.ManagedByLabel] == hostnames.ManagedByValue {
+			others = append(others, id)
+		}
+	}
+	for _, id := range others {
+		if _, known := in.Claimants[id]; known {
+			continue
+		}
+		exists, err := r.bridgeExists(ctx, id)
+		if err != nil {
+			return in, err
+		}
+		in.Claimants[id] = exists
+	}
+	list, err := r.listHostServices(ctx, s, hostReader)
+	if err != nil {
+		return in, err
+	}
+	for _, svc := range list {
+		in.HostServices[svc.Name] = true
+	}
+	return in, nil
+}
+
+// bridgeExists reports whether the GuestWebhookBridge id ("<namespace>/<name>") exists: from
+// the cache, and from the apiserver before saying no (a bridge the cache has not seen yet
+// must not lose its targets).
+func (r *Reconciler) bridgeExists(ctx context.Context, id string) (bool, error) {
+	ns, name, ok := strings.Cut(id, "/")
+	if !ok {
+		return false, nil // not a bridge's name: a record nobody can claim
+	}
+	key := client.ObjectKey{Namespace: ns, Name: name}
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(guestnetv1.GroupVersion.WithKind("GuestWebhookBridge"))
+	if err := r.Client.Get(ctx, key, &guestnetv1.GuestWebhookBridge{}); err == nil {
+		return true, nil
+	}
+	switch err := r.APIReader.Get(ctx, key, obj); {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	default:
+		return false, fmt.Errorf("reading GuestWebhookBridge %s, named by a record in the guest: %w", id, err)
+	}
+}
+
+// setInvalidSpec reports a spec that passed admission but cannot be used.
+func setInvalidSpec(gwb *guestnetv1.GuestWebhookBridge, err error) {
+	conditions.Set(gwb, metav1.Condition{
+		Type: guestnetv1.TargetsBridgedCondition, Status: metav1.ConditionFalse, Reason: guestnetv1.InvalidSpecReason,
+		Message: bridge.Truncate(fmt.Sprintf("The spec cannot be used: %v; fix it (guestnet changes nothing until then)", err), 1024),
+	})
+	conditions.Delete(gwb, guestnetv1.TargetsReachableCondition)
 }
 
 // observeGuest lists what targets are selected from, and every guest Service.
@@ -221,19 +313,26 @@ func needsReachability(targets []bridge.Target) bool {
 	return false
 }
 
-// konnectivityAgents lists the guest's konnectivity agent pods, uncached: guestnet never
-// caches the guest's Pods.
+// konnectivityAgents lists the guest's konnectivity agent pods, uncached (guestnet never
+// caches the guest's Pods), at most once per recheckAfter per cluster.
 func (r *Reconciler) konnectivityAgents(ctx context.Context, s *scope) ([]corev1.Pod, error) {
-	c, err := r.ClusterCache.GetUncachedClient(ctx, client.ObjectKeyFromObject(s.cluster))
+	key := client.ObjectKeyFromObject(s.cluster)
+	v, err := r.memo().read("konnectivity-agents/"+key.String(), func() (any, error) {
+		c, err := r.ClusterCache.GetUncachedClient(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		pods := &corev1.PodList{}
+		if err := c.List(ctx, pods, client.InNamespace(bridge.KonnectivityNamespace),
+			client.MatchingLabels{bridge.KonnectivityAgentLabel: bridge.KonnectivityAgentValue}); err != nil {
+			return nil, fmt.Errorf("listing konnectivity agents in the guest: %w", err)
+		}
+		return pods.Items, nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	pods := &corev1.PodList{}
-	if err := c.List(ctx, pods, client.InNamespace(bridge.KonnectivityNamespace),
-		client.MatchingLabels{bridge.KonnectivityAgentLabel: bridge.KonnectivityAgentValue}); err != nil {
-		return nil, fmt.Errorf("listing konnectivity agents in the guest: %w", err)
-	}
-	return pods.Items, nil
+	return v.([]corev1.Pod), nil
 }
 
 // --- host side ----------------------------------------------------------------------------
@@ -265,8 +364,8 @@ func (r *Reconciler) reconcileHostServices(ctx context.Context, s *scope, plan *
 			return err
 		}
 		if applied {
-			r.recorder.Eventf(gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply,
-				"Applied host Service %s for guest Service %s (targetPort = guest nodePort)", key, b.Key())
+			r.recordWrite(ctx, gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply,
+				fmt.Sprintf("Applied host Service %s for guest Service %s (targetPort = guest nodePort)", key, b.Key()))
 		}
 		s.hostServices[b.HostService] = svc
 	}
@@ -291,23 +390,34 @@ func (r *Reconciler) getHostService(ctx context.Context, key client.ObjectKey) (
 	return svc, nil
 }
 
-// deleteHostServices deletes the bridge's host Services whose names keep lacks.
-func (r *Reconciler) deleteHostServices(ctx context.Context, s *scope, keep map[string]bool) error {
+// listHostServices lists the bridge's host Services through reader (the cache, or the
+// apiserver when deleting: a Service created just before must not be missed).
+func (r *Reconciler) listHostServices(ctx context.Context, s *scope, reader client.Reader) ([]corev1.Service, error) {
 	list := &corev1.ServiceList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(bridge.HostNamespace(s.bridge)), client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
+	if err := reader.List(ctx, list, client.InNamespace(bridge.HostNamespace(s.bridge)), client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
+		return nil, fmt.Errorf("listing the bridge's host Services: %w", err)
+	}
+	return slices.DeleteFunc(list.Items, func(svc corev1.Service) bool { return !hostnames.IsBridgeObject(&svc, s.bridge) }), nil
+}
+
+// deleteHostServices deletes the bridge's host Services (listed through reader) whose names
+// keep lacks.
+func (r *Reconciler) deleteHostServices(ctx context.Context, s *scope, keep map[string]bool, reader client.Reader) error {
+	list, err := r.listHostServices(ctx, s, reader)
+	if err != nil {
 		return err
 	}
 	var errs []error
-	for i := range list.Items {
-		svc := &list.Items[i]
-		if keep[svc.Name] || !hostnames.IsBridgeObject(svc, s.bridge) {
+	for i := range list {
+		svc := &list[i]
+		if keep[svc.Name] {
 			continue
 		}
 		if err := r.Client.Delete(ctx, svc); client.IgnoreNotFound(err) != nil {
 			errs = append(errs, err)
 			continue
 		}
-		r.recorder.Eventf(s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, "Deleted host Service %s/%s", svc.Namespace, svc.Name)
+		r.recordWrite(ctx, s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, fmt.Sprintf("Deleted host Service %s/%s", svc.Namespace, svc.Name))
 	}
 	return kerrors.NewAggregate(errs)
 }
@@ -350,7 +460,7 @@ func (r *Reconciler) reconcileGuestServices(ctx context.Context, s *scope, plan 
 			case err != nil:
 				return err
 			case applied:
-				r.recorder.Eventf(gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply, "Applied Service %s in the guest", key)
+				r.recordWrite(ctx, gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply, fmt.Sprintf("Applied Service %s in the guest", key))
 			}
 		}
 	}
@@ -358,10 +468,11 @@ func (r *Reconciler) reconcileGuestServices(ctx context.Context, s *scope, plan 
 	return nil
 }
 
-// deleteGuestServices deletes the bridge's guest Services ("<namespace>/<name>") keep lacks.
-func (r *Reconciler) deleteGuestServices(ctx context.Context, s *scope, keep map[string]bool) error {
+// deleteGuestServices deletes the bridge's guest Services ("<namespace>/<name>") keep lacks,
+// listed and deleted through guest.
+func (r *Reconciler) deleteGuestServices(ctx context.Context, s *scope, keep map[string]bool, guest client.Client) error {
 	list := &corev1.ServiceList{}
-	if err := s.guestClient.List(ctx, list, client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
+	if err := guest.List(ctx, list, client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
 		return fmt.Errorf("listing the bridge's Services in the guest: %w", err)
 	}
 	var errs []error
@@ -370,90 +481,59 @@ func (r *Reconciler) deleteGuestServices(ctx context.Context, s *scope, keep map
 		if keep[client.ObjectKeyFromObject(svc).String()] || !hostnames.IsBridgeObject(svc, s.bridge) {
 			continue
 		}
-		if err := s.guestClient.Delete(ctx, svc); client.IgnoreNotFound(err) != nil {
+		if err := guest.Delete(ctx, svc); client.IgnoreNotFound(err) != nil {
 			errs = append(errs, fmt.Errorf("deleting Service %s/%s in the guest: %w", svc.Namespace, svc.Name, err))
 			continue
 		}
-		r.recorder.Eventf(s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, "Deleted Service %s/%s in the guest", svc.Namespace, svc.Name)
+		r.recordWrite(ctx, s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, fmt.Sprintf("Deleted Service %s/%s in the guest", svc.Namespace, svc.Name))
 	}
 	return kerrors.NewAggregate(errs)
 }
 
-// reconcileTargets rewrites the targets the plan bridges, drops records of targets someone
-// else took over, and restores the targets this bridge rewrote that it no longer selects.
-// Each guest object is written once, with all its changes.
+// reconcileTargets writes what the plan asks of the guest's APIServices and webhook
+// configurations (rewrites, forgets, restores), each object once, and keeps the host copy of
+// the records in step: the records of targets about to be rewritten are stored in
+// status.records before the guest objects are written, and the records of restored targets
+// are removed only after the restores landed. A crash between any two writes leaves every
+// original in at least one copy.
 func (r *Reconciler) reconcileTargets(ctx context.Context, s *scope, plan *bridge.Plan) error {
-	me := hostnames.BridgeID(s.bridge)
-	edits := newObjectEdits(s.observed)
-	selected := map[string]bool{}
-	for i := range plan.Targets {
-		tp := &plan.Targets[i]
-		selected[tp.Key()] = true
-		switch tp.Action {
-		case bridge.RewriteAction:
-			note := fmt.Sprintf("Bridged %s: %s", tp.Target, describeRewrite(tp))
-			reason := eventBridged
-			if tp.Record != nil {
-				reason, note = eventRepaired, fmt.Sprintf("Repaired %s (it no longer pointed at the bridge): %s", tp.Target, describeRewrite(tp))
-			}
-			edits.add(tp.Target, func(obj client.Object) (bool, error) {
-				if tp.IsWebhook() {
-					return bridge.RewriteWebhook(obj, tp.Webhook, tp.URL, me)
-				}
-				return bridge.RewriteAPIService(obj.(*apiregistrationv1.APIService), *tp.APIServiceRef, me)
-			}, reason, note)
-		case bridge.ForgetAction:
-			edits.add(tp.Target, func(obj client.Object) (bool, error) { return bridge.ForgetWebhook(obj, tp.Webhook, me) },
-				eventForgot, fmt.Sprintf("Left %s to its new owner: its url was changed after guestnet bridged it", tp.Target))
-		}
-	}
-	r.addRestores(edits, me, func(t bridge.Target) bool { return !selected[t.Key()] })
-	return edits.write(ctx, s.guestClient, r.recorder, s.bridge)
+	return r.writeTargets(ctx, s, plan, s.observed, s.guestClient)
 }
 
-// addRestores adds a restore for every target this bridge rewrote that unselected accepts.
-func (r *Reconciler) addRestores(edits *objectEdits, me string, unselected func(bridge.Target) bool) {
-	for _, t := range recordedTargets(edits.observed) {
-		if t.Record.Bridge != me || !unselected(t) {
-			continue
+func (r *Reconciler) writeTargets(ctx context.Context, s *scope, plan *bridge.Plan, obs bridge.Observed, guest client.Client) error {
+	pending := plan.PendingHostRecords()
+	if plan.HostRecordsChanged(pending) {
+		if err := r.writeHostRecords(ctx, s, pending); err != nil {
+			return err
 		}
-		edits.add(t, func(obj client.Object) (bool, error) {
-			if t.IsWebhook() {
-				return bridge.RestoreWebhook(obj, t.Webhook, me)
-			}
-			return bridge.RestoreAPIService(obj.(*apiregistrationv1.APIService), me)
-		}, eventRestored, fmt.Sprintf("Restored the original service reference of %s", t))
 	}
+	if err := r.writeGuestObjects(ctx, s, plan, obs, guest); err != nil {
+		return err
+	}
+	if final := plan.HostRecords(); !bridge.SameHostRecords(pending, final) {
+		return r.writeHostRecords(ctx, s, final)
+	}
+	return nil
 }
 
-// recordedTargets are the targets of observed objects that carry a record.
-func recordedTargets(obs bridge.Observed) []bridge.Target {
-	var out []bridge.Target
-	for i := range obs.APIServices {
-		if t, err := bridge.APIServiceTarget(&obs.APIServices[i]); err == nil && t.Record != nil {
-			out = append(out, t)
-		}
+// writeHostRecords stores entries as the bridge's status.records, in a patch of that field
+// alone, and lets the deferred patch of the reconcile know (it would write them again).
+func (r *Reconciler) writeHostRecords(ctx context.Context, s *scope, entries map[string]guestnetv1.BridgeRecord) error {
+	records := bridge.HostRecordsStatus(entries)
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"records": records}})
+	if err != nil {
+		return err
 	}
-	for _, obj := range webhookConfigurations(obs) {
-		ts, _ := bridge.WebhookTargets(obj)
-		for _, t := range ts {
-			if t.Record != nil {
-				out = append(out, t)
-			}
-		}
+	obj := s.bridge.DeepCopy()
+	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return fmt.Errorf("storing the records in status.records: %w", err)
 	}
-	return out
-}
-
-func webhookConfigurations(obs bridge.Observed) []client.Object {
-	var out []client.Object
-	for i := range obs.ValidatingWebhooks {
-		out = append(out, &obs.ValidatingWebhooks[i])
+	s.bridge.Status.Records = records
+	if err := s.recordsStored(records, r.Client); err != nil {
+		return err
 	}
-	for i := range obs.MutatingWebhooks {
-		out = append(out, &obs.MutatingWebhooks[i])
-	}
-	return out
+	ctrl.LoggerFrom(ctx).Info(fmt.Sprintf("Stored %d records in status.records", len(records)), "reason", eventRecorded)
+	return nil
 }
 
 func describeRewrite(tp *bridge.TargetPlan) string {
@@ -465,9 +545,16 @@ func describeRewrite(tp *bridge.TargetPlan) string {
 }
 
 // probe calls every target that goes through the bridge as the guest apiserver will: at
-// its host Service, verifying the certificate for the name it dials. Probes run in parallel.
-func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) {
+// its host Service, verifying the certificate for the name it dials. A target whose probe
+// inputs (bridge.ProbeInputs) did not change since its last probe keeps that answer until
+// recheckAfter; the others are probed, in parallel. It returns when the next answer expires.
+func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) time.Duration {
+	m := r.memo()
+	uid := s.bridge.UID
+	next := recheckAfter
+	keep := map[string]bool{}
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	for i := range plan.Targets {
 		tp := &plan.Targets[i]
 		// Targets rewritten in this reconcile were written (reconcileTargets returned no error).
@@ -479,12 +566,64 @@ func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) {
 			continue
 		}
 		addr := net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(tp.Port)))
+		insecure := !tp.IsWebhook() && tp.InsecureSkipTLSVerify
+		endpoints, err := r.readyEndpoints(ctx, svc, tp.Port)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Reading the endpoints of a host Service; probing anyway", "Service", klog.KObj(svc))
+		}
+		inputs := bridge.ProbeInputs{Addr: addr, ServerName: tp.TLSServerName, CABundle: tp.CABundle, Insecure: insecure,
+			Endpoints: endpoints, Recheck: s.bridge.Annotations[guestnetv1.RecheckAnnotation]}.Key()
+		keep[tp.Key()] = true
+		if result, at, ok := m.probe(uid, tp.Key(), inputs); ok {
+			tp.SetProbe(result, s.bridge, addr)
+			next = min(next, max(time.Second, recheckAfter-m.now().Sub(at)))
+			continue
+		}
 		wg.Go(func() {
-			insecure := !tp.IsWebhook() && tp.InsecureSkipTLSVerify
-			tp.SetProbe(r.prober()(ctx, addr, tp.TLSServerName, tp.CABundle, insecure), s.bridge, addr)
+			result := r.prober()(ctx, addr, tp.TLSServerName, tp.CABundle, insecure)
+			if ctx.Err() != nil {
+				return // cancelled: not an answer
+			}
+			m.storeProbe(uid, tp.Key(), inputs, result)
+			mu.Lock()
+			tp.SetProbe(result, s.bridge, addr)
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	m.keepProbes(uid, keep)
+	return next
+}
+
+// readyEndpoints are the ready endpoints of a host Service's port ("<address>:<port>"), from
+// the cache: an input of its probes.
+func (r *Reconciler) readyEndpoints(ctx context.Context, svc *corev1.Service, port int32) ([]string, error) {
+	list := &discoveryv1.EndpointSliceList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+		return nil, err
+	}
+	portName := ""
+	for _, p := range svc.Spec.Ports {
+		if p.Port == port {
+			portName = p.Name
+		}
+	}
+	var out []string
+	for _, slice := range list.Items {
+		for _, ep := range slice.Endpoints {
+			if !ptr.Deref(ep.Conditions.Ready, false) {
+				continue
+			}
+			for _, p := range slice.Ports {
+				if ptr.Deref(p.Name, "") == portName {
+					for _, a := range ep.Addresses {
+						out = append(out, net.JoinHostPort(a, strconv.Itoa(int(ptr.Deref(p.Port, 0)))))
+					}
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 func (r *Reconciler) prober() func(ctx context.Context, addr, serverName string, caBundle []byte, insecure bool) bridge.ProbeResult {
@@ -519,84 +658,146 @@ func (r *Reconciler) recordWarnings(gwb *guestnetv1.GuestWebhookBridge, plan *br
 		}
 	}
 	for _, key := range objects {
-		r.recorder.Eventf(gwb, related[key], corev1.EventTypeWarning, eventWarning, actionRewrite, "%s", strings.Join(byObject[key], "; "))
+		r.recorder.Eventf(gwb, related[key], corev1.EventTypeWarning, eventWarning, actionRewrite, "%s", bridge.Truncate(strings.Join(byObject[key], "; "), maxEventNote))
 	}
 }
 
 // --- deletion -----------------------------------------------------------------------------
 
 // reconcileDelete restores every target this bridge rewrote, deletes its guest and host
-// Services, then releases the object. While the guest apiserver cannot be reached the
-// finalizer stays: the originals exist only in the guest.
+// Services, then releases the object. It reads the guest and its own records from the
+// apiservers, not from caches that may lag the last write. While the guest apiserver cannot
+// be reached the finalizer stays (the originals are still in the guest, to be put back),
+// until the guest is gone for good (its Cluster or <cluster>-kubeconfig Secret deleted) or an
+// admin gives up on it (SkipGuestCleanupAnnotation): then the host side is cleaned, the
+// finalizer goes, and an event lists what was left in the guest.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	gwb := s.bridge
-	if s.cluster == nil || !s.cluster.DeletionTimestamp.IsZero() {
-		// The guest goes with its Cluster: nothing to restore.
-		return r.release(ctx, s)
+	if gwb.Annotations[guestnetv1.SkipGuestCleanupAnnotation] == "true" {
+		return r.giveUp(ctx, s, eventCleanupSkiped, fmt.Sprintf("annotation %s=true", guestnetv1.SkipGuestCleanupAnnotation))
+	}
+	gone, why, err := clusterscope.GuestGone(ctx, r.APIReader, gwb.Namespace, gwb.Spec.ClusterName, s.cluster)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if gone {
+		return r.giveUp(ctx, s, guestnetv1.GuestGoneReason, why)
+	}
+	live, err := r.liveRecords(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	guestClient, err := clusterscope.Connect(ctx, r.ClusterCache, gwb, s.cluster)
-	if err != nil || guestClient == nil {
-		rewrote, listErr := r.mayHaveRewritten(ctx, s)
+	var uncached client.Client
+	if err == nil && guestClient != nil {
+		uncached, err = r.ClusterCache.GetUncachedClient(ctx, client.ObjectKeyFromObject(s.cluster))
+	}
+	if err != nil || uncached == nil {
+		hostServices, listErr := r.listHostServices(ctx, s, r.APIReader)
 		if listErr != nil {
 			return ctrl.Result{}, listErr
 		}
-		if !rewrote {
-			// Never bridged anything (e.g. the guest was never reachable): nothing to restore.
+		if live.Len() == 0 && len(hostServices) == 0 {
+			// Never rewrote anything (a target is rewritten only after its record is stored
+			// and its host Service exists): nothing to restore.
 			return r.release(ctx, s)
 		}
 		conditions.Set(gwb, metav1.Condition{
 			Type: guestnetv1.TargetsBridgedCondition, Status: metav1.ConditionFalse, Reason: guestnetv1.DeletingReason,
-			Message: "Waiting for the guest apiserver to restore the original APIServices and webhooks (see ClusterAvailable). " +
-				"To give up on restoring them, remove the finalizer " + guestnetv1.GuestWebhookBridgeFinalizer,
+			Message: fmt.Sprintf("Waiting for the guest apiserver to restore %d rewritten targets (see ClusterAvailable). "+
+				"guestnet gives up by itself once the Cluster or its %s-kubeconfig Secret is deleted; to give up now, "+
+				"annotate the bridge with %s=true (the targets then keep the bridge's url and record, see the runbook)",
+				live.Len(), gwb.Spec.ClusterName, guestnetv1.SkipGuestCleanupAnnotation),
 		})
-		return ctrl.Result{RequeueAfter: retryAfter}, err
+		// The ClusterCache's connect event, the Cluster and the Secret bring it back; the
+		// error, if any, is retried with backoff.
+		return ctrl.Result{}, err
 	}
-	s.guestClient = guestClient
-	obs, _, err := observeGuest(ctx, guestClient)
+	s.guestClient = uncached
+	obs, services, err := observeGuest(ctx, uncached)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	s.observed = obs
-	edits := newObjectEdits(obs)
-	r.addRestores(edits, hostnames.BridgeID(gwb), func(bridge.Target) bool { return true })
-	if err := edits.write(ctx, guestClient, r.recorder, gwb); err != nil {
+	in, err := r.planInput(ctx, s, obs, services, live, r.APIReader)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.deleteGuestServices(ctx, s, nil); err != nil {
+	plan := bridge.PlanDeletion(in)
+	if err := r.writeTargets(ctx, s, plan, obs, uncached); err != nil {
+		return ctrl.Result{}, err
+	}
+	if stuck := unrestorable(plan); len(stuck) > 0 {
+		// Nothing to put back for them: the admin decides (fix the record, or give up).
+		conditions.Set(gwb, metav1.Condition{
+			Type: guestnetv1.TargetsBridgedCondition, Status: metav1.ConditionFalse, Reason: guestnetv1.RecordUnreadableReason,
+			Message: bridge.Truncate(fmt.Sprintf("Deleting: %d targets cannot be restored: %s. Put their original service back and remove "+
+				"the annotation %s, or annotate the bridge with %s=true to leave them as they are",
+				len(stuck), strings.Join(stuck, "; "), guestnetv1.BridgeOriginalAnnotation, guestnetv1.SkipGuestCleanupAnnotation), 4096),
+		})
+		return ctrl.Result{}, nil
+	}
+	if err := r.deleteGuestServices(ctx, s, nil, uncached); err != nil {
 		return ctrl.Result{}, err
 	}
 	return r.release(ctx, s)
 }
 
-// release deletes the bridge's host Services and removes the finalizer.
-func (r *Reconciler) release(ctx context.Context, s *scope) (ctrl.Result, error) {
-	if err := r.deleteHostServices(ctx, s, nil); err != nil {
-		return ctrl.Result{}, err
+// liveRecords reads the bridge's host copy of its records from the apiserver: the cache may
+// not hold the records stored by the last reconcile yet.
+func (r *Reconciler) liveRecords(ctx context.Context, s *scope) (bridge.HostRecords, error) {
+	live := &guestnetv1.GuestWebhookBridge{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s.bridge), live); err != nil {
+		return bridge.HostRecords{}, fmt.Errorf("reading the bridge's records: %w", err)
 	}
-	controllerutil.RemoveFinalizer(s.bridge, guestnetv1.GuestWebhookBridgeFinalizer)
-	return ctrl.Result{}, nil
+	s.bridge.Status.Records = live.Status.Records
+	if err := s.recordsStored(live.Status.Records, r.Client); err != nil {
+		return bridge.HostRecords{}, err
+	}
+	return bridge.ReadHostRecords(hostnames.BridgeID(s.bridge), live.Status.Records), nil
 }
 
-// mayHaveRewritten reports, while the guest cannot be reached, whether it may hold targets
-// this bridge rewrote: a target is rewritten only after its host Service exists, and unused
-// host Services are deleted only after the targets are restored, so without host Services
-// (and without bridged targets in status) there is nothing to wait for.
-func (r *Reconciler) mayHaveRewritten(ctx context.Context, s *scope) (bool, error) {
-	for _, t := range s.bridge.Status.Targets {
-		if t.HostService != "" {
-			return true, nil
+func unrestorable(p *bridge.Plan) []string {
+	var out []string
+	for _, tp := range p.Restores {
+		if tp.Reason != "" {
+			out = append(out, fmt.Sprintf("%s: %s", tp.Target, bridge.Truncate(tp.Message, 300)))
 		}
 	}
-	list := &corev1.ServiceList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(bridge.HostNamespace(s.bridge)), client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
-		return false, err
+	return out
+}
+
+// giveUp cleans the host side and releases the bridge without restoring the guest (gone for
+// good, or given up on), recording what it leaves there, from the host copy of the records.
+func (r *Reconciler) giveUp(ctx context.Context, s *scope, reason, why string) (ctrl.Result, error) {
+	live, err := r.liveRecords(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	for i := range list.Items {
-		if hostnames.IsBridgeObject(&list.Items[i], s.bridge) {
-			return true, nil
-		}
+	var left []string
+	for _, key := range live.Keys() {
+		e, _ := live.Entry(key)
+		left = append(left, bridge.DescribeRecord(key, e))
 	}
-	return false, nil
+	note := fmt.Sprintf("Gave up on the guest (%s): guestnet had rewritten nothing there", why)
+	if len(left) > 0 {
+		note = fmt.Sprintf("Gave up on the guest (%s): %d targets keep the bridge's rewrite and record there: %s", why, len(left), strings.Join(left, "; "))
+	}
+	eventType := corev1.EventTypeWarning
+	if len(left) == 0 {
+		eventType = corev1.EventTypeNormal
+	}
+	r.recordWrite(ctx, s.bridge, nil, eventType, reason, actionRelease, note)
+	return r.release(ctx, s)
+}
+
+// release deletes the bridge's host Services and removes the finalizer.
+func (r *Reconciler) release(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if err := r.deleteHostServices(ctx, s, nil, r.APIReader); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.memo().forget(s.bridge.UID)
+	controllerutil.RemoveFinalizer(s.bridge, guestnetv1.GuestWebhookBridgeFinalizer)
+	return ctrl.Result{}, nil
 }
 
 // setReadyCondition summarises readyConditions into Ready.

@@ -419,6 +419,9 @@ type bridgeEnv struct {
 	workerNet    string
 	nodePortBase int32
 	workers      int
+	// chartWebhooks are the webhooks of the test's webhook configuration as created, when a
+	// test keeps them.
+	chartWebhooks []admissionregistrationv1.ValidatingWebhook
 }
 
 func newBridgeEnv(t *testing.T) *bridgeEnv {
@@ -436,7 +439,7 @@ func newBridgeEnvWithoutManager(t *testing.T) *bridgeEnv {
 	e := &bridgeEnv{
 		t: t, g: NewWithT(t), ctx: ctx, l: l, host: l.Host.Client, guest: l.Guest.Client,
 		ns: "gwb-" + suffix, webhookNS: "cert-manager-" + suffix, metricsNS: "metrics-" + suffix,
-		workerNet: fmt.Sprintf("10.244.%d", 100+n), nodePortBase: 31000 + 10*n,
+		workerNet: fmt.Sprintf("10.244.%d", 20+n), nodePortBase: 31000 + 10*n, // worker IPs must stay in 10.244.0.0/17: up to 107 environments
 	}
 	e.g.Expect(e.host.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}})).To(Succeed())
 	return e

@@ -8,12 +8,13 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	guestnetscheme "github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
 
 func condition(conditionType string, status metav1.ConditionStatus) metav1.Condition {
@@ -76,15 +77,46 @@ func TestOwnedConditions(t *testing.T) {
 
 func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 	g := NewWithT(t)
-	bridge := &guestnetv1.GuestWebhookBridge{ObjectMeta: metav1.ObjectMeta{
-		DeletionTimestamp: &metav1.Time{Time: time.Now()},
-		Finalizers:        []string{guestnetv1.GuestWebhookBridgeFinalizer, "someone.else/finalizer"},
-	}}
+	bridge := &guestnetv1.GuestWebhookBridge{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "k0smotron", Name: "webhooks",
+			DeletionTimestamp: &metav1.Time{Time: time.Now()},
+			Finalizers:        []string{guestnetv1.GuestWebhookBridgeFinalizer, "someone.else/finalizer"},
+		},
+		Spec: guestnetv1.GuestWebhookBridgeSpec{ClusterName: "tenant-a"},
+	}
 
 	// Without a Cluster there is no guest to restore anything in: only host Services go.
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
-	_, err := (&Reconciler{Client: c}).reconcileDelete(context.Background(), &scope{bridge: bridge})
+	c := fake.NewClientBuilder().WithScheme(guestnetscheme.New()).WithObjects(bridge.DeepCopy()).Build()
+	r := &Reconciler{Client: c, APIReader: c}
+	_, err := r.reconcileDelete(context.Background(), &scope{bridge: bridge, original: bridge.DeepCopy()})
 
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(bridge.Finalizers).To(Equal([]string{"someone.else/finalizer"}))
+}
+
+// The memo reuses an answer for the same inputs until recheckAfter, and asks again for other
+// inputs or later.
+func TestMemo(t *testing.T) {
+	g := NewWithT(t)
+	now := time.Unix(1000, 0)
+	m := newMemo()
+	m.now = func() time.Time { return now }
+	m.storeProbe("uid", "target", "inputs-1", bridge.ProbeResult{Answered: true})
+	_, _, ok := m.probe("uid", "target", "inputs-1")
+	g.Expect(ok).To(BeTrue())
+	_, _, ok = m.probe("uid", "target", "inputs-2")
+	g.Expect(ok).To(BeFalse(), "inputs changed")
+	now = now.Add(recheckAfter)
+	_, _, ok = m.probe("uid", "target", "inputs-1")
+	g.Expect(ok).To(BeFalse(), "the safety recheck")
+
+	reads := 0
+	read := func() (any, error) { reads++; return reads, nil }
+	v, _ := m.read("k", read)
+	v2, _ := m.read("k", read)
+	g.Expect(v2).To(Equal(v))
+	now = now.Add(recheckAfter)
+	v3, _ := m.read("k", read)
+	g.Expect(v3).NotTo(Equal(v))
 }

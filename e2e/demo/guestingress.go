@@ -23,6 +23,22 @@ import (
 // The load-balancer IP of the demo, in the lab's "physical" range (lab.LoadBalancerCIDR).
 const demoIP = "10.98.0.10"
 
+// The host admin's GuestIngressPolicy for the tenant's namespace: guestnet fails closed, and
+// a GuestIngress no policy admits gets nothing on the host.
+const guestIngressPolicyYAML = `apiVersion: guestnet.addons.cluster.x-k8s.io/v1alpha1
+kind: GuestIngressPolicy
+metadata:
+  name: %s
+spec:
+  namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: %s
+  addresses: [%s]
+  l2Announcement:
+    interfaces: ["^eth0$"]
+    nodeSelector: {}
+`
+
 const guestIngressYAML = `apiVersion: guestnet.addons.cluster.x-k8s.io/v1alpha1
 kind: GuestIngress
 metadata:
@@ -49,6 +65,15 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 	}
 	guest("get", "service", "-n", "projectcontour", "envoy")
 
+	section("Host admin: a GuestIngressPolicy says what the GuestIngresses of namespace " + clusterNamespace + " may claim (tenants cannot write it)")
+	policyPath := filepath.Join(l.Dir, "guestingresspolicy.yaml")
+	policyManifest := fmt.Sprintf(guestIngressPolicyYAML, clusterNamespace, clusterNamespace, lab.LoadBalancerCIDR)
+	if err := os.WriteFile(policyPath, []byte(policyManifest), 0o600); err != nil {
+		return err
+	}
+	fmt.Print(policyManifest)
+	host("apply", "-f", policyPath)
+
 	section("Host: apply a GuestIngress (one physical IP for the guest's ingress controller)")
 	path := filepath.Join(l.Dir, "guestingress.yaml")
 	manifest := fmt.Sprintf(guestIngressYAML, clusterNamespace, clusterName, demoIP)
@@ -65,6 +90,7 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 		return fmt.Errorf("waiting for the GuestIngress's IP and endpoints: %w", err)
 	}
 	host("get", "gi", "-n", clusterNamespace)
+	host("get", "gip")
 	host("get", "services,endpointslices", "-n", clusterNamespace, "-l", "app.kubernetes.io/managed-by=guestnet", "-o", "wide")
 	host("get", "ciliumloadbalancerippools,ciliuml2announcementpolicies")
 	guest("get", "service", "-n", "projectcontour", "envoy")

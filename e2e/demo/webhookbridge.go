@@ -73,6 +73,8 @@ func webhookBridgeTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest
 	if err := s.certManager.SetWebhookDNSNames(ctx, l, serverName); err != nil {
 		return err
 	}
+	// A restarted webhook changes nothing the bridge watches: ask it to probe again now.
+	host("annotate", "gwb", "guest-1", "-n", clusterNamespace, guestnetv1.RecheckAnnotation+"=1", "--overwrite")
 	if err := waitFor(ctx, func() bool {
 		return l.Host.Client.Get(ctx, key, gwb) == nil && conditions.IsTrue(gwb, guestnetv1.ReadyCondition)
 	}); err != nil {

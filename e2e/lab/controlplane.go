@@ -60,6 +60,9 @@ type ControlPlane struct {
 
 // Kubernetes component names of the controllers the lab's kube-controller-manager runs.
 var labControllers = []string{
+	// Aggregates guestnet's tenant roles into admin/edit/view, as in production
+	// (e2e/security_test.go acts as a tenant holding only those).
+	"clusterrole-aggregation-controller",
 	"endpoints-controller",
 	"endpointslice-controller",
 	"endpointslice-mirroring-controller",

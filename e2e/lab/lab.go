@@ -69,10 +69,13 @@ type Options struct {
 	Dir string
 	// SkipGuest starts the host only (for tests that need no guest cluster).
 	SkipGuest bool
+	// SkipLabPolicy starts the lab without the lab-wide GuestIngressPolicy (LabPolicy).
+	SkipLabPolicy bool
 }
 
 // Start starts the host and guest control planes in parallel, installs the CRDs in the
-// host, and creates the host nodes. Call Stop when done.
+// host, creates the lab-wide GuestIngressPolicy (unless opts.SkipLabPolicy) and the host
+// nodes. Call Stop when done.
 func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	assets, err := LookupAssets()
 	if err != nil {
@@ -133,6 +136,11 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	}
 	if err := l.installHostCRDs(); err != nil {
 		return nil, err
+	}
+	if !opts.SkipLabPolicy {
+		if err := l.createLabPolicy(ctx); err != nil {
+			return nil, err
+		}
 	}
 	for _, name := range HostNodes {
 		if err := createReadyNode(ctx, l.Host.Client, name, ""); err != nil {

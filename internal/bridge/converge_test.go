@@ -1,8 +1,13 @@
 package bridge
 
 import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
+	jsonpatch "github.com/evanphx/json-patch/v5"
 	. "github.com/onsi/gomega"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,21 +23,68 @@ import (
 
 // guestSim is a guest in memory, reconciled the way the controller does it with this
 // package's functions: plan, apply the bridge's guest Services of the backends in use (and
-// delete its others), rewrite or forget targets, restore the ones no longer selected.
+// delete its others), store the pending host copy of the records, write each guest object
+// as the JSON patch GuestPatch makes (applied with the apiserver's JSON patch library to the
+// object's JSON), then store the final host copy.
 type guestSim struct {
 	t        *testing.T
 	gwb      *guestnetv1.GuestWebhookBridge
 	obs      Observed
 	services []corev1.Service
 	reach    Reachability
-	// writes counts the objects changed by the last reconcile.
-	writes int
+	// writes counts the objects changed by the last reconcile (the host copy of the records
+	// counts as one object); total counts every write since the start.
+	writes, total int
+	// crashAfter, when not 0, makes the write after the crashAfter-th one "crash" the
+	// controller: it panics with errCrashed (see survive).
+	crashAfter int
+}
+
+type crashed struct{}
+
+// write counts a write, or crashes instead of the (crashAfter+1)-th one.
+func (s *guestSim) write() {
+	if s.crashAfter != 0 && s.total == s.crashAfter {
+		panic(crashed{})
+	}
+	s.writes++
+	s.total++
+}
+
+// survive runs f and reports whether it crashed; after a crash the budget is gone (the
+// restarted controller writes freely).
+func (s *guestSim) survive(f func()) (didCrash bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(crashed); !ok {
+				panic(r)
+			}
+			didCrash = true
+			s.crashAfter = 0
+		}
+	}()
+	f()
+	return false
+}
+
+func (s *guestSim) input(g Gomega) Input {
+	host := ReadHostRecords(me, s.gwb.Status.Records)
+	hostServices := map[string]bool{}
+	for _, svc := range s.services {
+		if hostnames.IsBridgeObject(&svc, s.gwb) && svc.Spec.Type == corev1.ServiceTypeNodePort {
+			hostServices[hostnames.BridgeHostService(s.gwb.Spec.ClusterName, svc.Namespace, strings.TrimSuffix(svc.Name, "-guestnet-nodeport"))] = true
+		}
+	}
+	return Input{Bridge: s.gwb, All: AllTargets(s.obs), Host: host, GuestServices: s.services, Reach: s.reach,
+		HostServices: hostServices, Claimants: map[string]bool{}}
 }
 
 func (s *guestSim) reconcile(g Gomega) *Plan {
-	targets, err := Select(&s.gwb.Spec, s.obs)
+	in := s.input(g)
+	targets, err := Select(&s.gwb.Spec, s.obs, in.Host)
 	g.Expect(err).NotTo(HaveOccurred())
-	p := MakePlan(Input{Bridge: s.gwb, Targets: targets, GuestServices: s.services, Reach: s.reach})
+	in.Targets = targets
+	p := MakePlan(in)
 	checkPlanInvariants(g, s.gwb, p)
 	s.writes = 0
 
@@ -46,74 +98,82 @@ func (s *guestSim) reconcile(g Gomega) *Plan {
 			s.apply(GuestExternalNameService(s.gwb, b), keep)
 		}
 	}
-	var services []corev1.Service
-	for _, svc := range s.services {
-		if hostnames.IsBridgeObject(&svc, s.gwb) && !keep[svc.Namespace+"/"+svc.Name] {
-			s.writes++
-			continue
-		}
-		services = append(services, svc)
+	s.writeTargets(g, p)
+	if !p.KeepServices {
+		s.deleteServices(func(svc *corev1.Service) bool { return !keep[svc.Namespace+"/"+svc.Name] })
 	}
-	s.services = services
-
-	selected := map[string]bool{}
-	for _, tp := range p.Targets {
-		selected[tp.Key()] = true
-		if tp.Reason != "" && tp.Action == RewriteAction && !IsRewritten(tp.Target) {
-			continue // as the controller does
-		}
-		switch tp.Action {
-		case RewriteAction:
-			s.edit(g, tp.Target, func(obj client.Object) (bool, error) {
-				if tp.IsWebhook() {
-					return RewriteWebhook(obj, tp.Webhook, tp.URL, me)
-				}
-				return RewriteAPIService(obj.(*apiregistrationv1.APIService), *tp.APIServiceRef, me)
-			})
-		case ForgetAction:
-			s.edit(g, tp.Target, func(obj client.Object) (bool, error) { return ForgetWebhook(obj, tp.Webhook, me) })
-		}
-	}
-	s.restore(g, func(t Target) bool { return !selected[t.Key()] })
 	return p
 }
 
-// restore puts back the targets of this bridge that accept says to.
-func (s *guestSim) restore(g Gomega, accept func(Target) bool) {
-	var recorded []Target
-	for i := range s.obs.APIServices {
-		t, err := APIServiceTarget(&s.obs.APIServices[i])
-		g.Expect(err).NotTo(HaveOccurred())
-		recorded = append(recorded, t)
+// writeTargets writes the plan's changes: host copy first, guest objects, host copy again.
+func (s *guestSim) writeTargets(g Gomega, p *Plan) {
+	pending := p.PendingHostRecords()
+	if p.HostRecordsChanged(pending) {
+		s.write()
+		s.gwb.Status.Records = HostRecordsStatus(pending)
 	}
-	for _, obj := range s.configs() {
-		ts, err := WebhookTargets(obj)
+	objects, byObject := p.Changes()
+	for _, key := range objects {
+		observed := s.obs.Object(byObject[key][0].Target)
+		g.Expect(observed).NotTo(BeNil(), key)
+		edited := observed.DeepCopyObject().(client.Object)
+		_, err := Apply(edited, byObject[key], me)
 		g.Expect(err).NotTo(HaveOccurred())
-		recorded = append(recorded, ts...)
-	}
-	for _, t := range recorded {
-		if t.Record == nil || t.Record.Bridge != me || !accept(t) {
+		data, err := GuestPatch(observed, edited)
+		g.Expect(err).NotTo(HaveOccurred())
+		if data == nil {
 			continue
 		}
-		s.edit(g, t, func(obj client.Object) (bool, error) {
-			if t.IsWebhook() {
-				return RestoreWebhook(obj, t.Webhook, me)
-			}
-			return RestoreAPIService(obj.(*apiregistrationv1.APIService), me)
-		})
+		s.write()
+		patched := applyJSONPatch(g, observed, data)
+		g.Expect(mustJSON(s.t, patched)).To(MatchJSON(mustJSON(s.t, edited)), "the patch writes exactly the edit")
+		reflect.ValueOf(observed).Elem().Set(reflect.ValueOf(patched).Elem())
 	}
+	if final := p.HostRecords(); !SameHostRecords(pending, final) {
+		s.write()
+		s.gwb.Status.Records = HostRecordsStatus(final)
+	}
+}
+
+// applyJSONPatch applies a JSON patch to obj's JSON with the apiserver's library and decodes
+// the result into a new object of obj's type (as the apiserver would store it).
+func applyJSONPatch(g Gomega, obj client.Object, patch []byte) client.Object {
+	doc, err := json.Marshal(obj)
+	g.Expect(err).NotTo(HaveOccurred())
+	decoded, err := jsonpatch.DecodePatch(patch)
+	g.Expect(err).NotTo(HaveOccurred())
+	out, err := decoded.Apply(doc)
+	g.Expect(err).NotTo(HaveOccurred(), "patch %s", patch)
+	result := reflect.New(reflect.TypeOf(obj).Elem()).Interface().(client.Object)
+	g.Expect(json.Unmarshal(out, result)).To(Succeed())
+	if len(result.GetAnnotations()) == 0 {
+		result.SetAnnotations(nil) // the apiserver stores no empty map: it reads back as none
+	}
+	return result
 }
 
 // deleteBridge is the controller's deletion: restore everything, delete the Services.
 func (s *guestSim) deleteBridge(g Gomega) {
-	s.restore(g, func(Target) bool { return true })
-	var services []corev1.Service
-	for _, svc := range s.services {
-		if !hostnames.IsBridgeObject(&svc, s.gwb) {
-			services = append(services, svc)
-		}
+	in := s.input(g)
+	p := PlanDeletion(in)
+	for _, tp := range p.Restores {
+		g.Expect(tp.Reason).To(BeEmpty(), "%s cannot be restored: %s", tp.Target, tp.Message)
 	}
-	s.services = services
+	s.writeTargets(g, p)
+	g.Expect(s.gwb.Status.Records).To(BeEmpty())
+	s.deleteServices(func(*corev1.Service) bool { return true })
+}
+
+// deleteServices deletes the bridge's Services that del accepts, one write each.
+func (s *guestSim) deleteServices(del func(*corev1.Service) bool) {
+	for i := 0; i < len(s.services); {
+		if svc := &s.services[i]; hostnames.IsBridgeObject(svc, s.gwb) && del(svc) {
+			s.write()
+			s.services = slices.Delete(s.services, i, i+1)
+			continue
+		}
+		i++
+	}
 }
 
 func (s *guestSim) apply(ac *corev1ac.ServiceApplyConfiguration, keep map[string]bool) {
@@ -122,53 +182,14 @@ func (s *guestSim) apply(ac *corev1ac.ServiceApplyConfiguration, keep map[string
 	for i := range s.services {
 		if s.services[i].Namespace == svc.Namespace && s.services[i].Name == svc.Name {
 			if !equality.Semantic.DeepEqual(s.services[i], svc) {
-				s.writes++
+				s.write()
 			}
 			s.services[i] = svc
 			return
 		}
 	}
-	s.writes++
+	s.write()
 	s.services = append(s.services, svc)
-}
-
-func (s *guestSim) edit(g Gomega, t Target, apply func(client.Object) (bool, error)) {
-	obj := s.object(t)
-	g.Expect(obj).NotTo(BeNil(), "%s", t)
-	changed, err := apply(obj)
-	g.Expect(err).NotTo(HaveOccurred())
-	if changed {
-		s.writes++
-	}
-}
-
-func (s *guestSim) object(t Target) client.Object {
-	switch t.Kind {
-	case guestnetv1.APIServiceTarget:
-		for i := range s.obs.APIServices {
-			if s.obs.APIServices[i].Name == t.Name {
-				return &s.obs.APIServices[i]
-			}
-		}
-	default:
-		for _, obj := range s.configs() {
-			if kindOf(obj) == t.Kind && obj.GetName() == t.Name {
-				return obj
-			}
-		}
-	}
-	return nil
-}
-
-func (s *guestSim) configs() []client.Object {
-	var out []client.Object
-	for i := range s.obs.ValidatingWebhooks {
-		out = append(out, &s.obs.ValidatingWebhooks[i])
-	}
-	for i := range s.obs.MutatingWebhooks {
-		out = append(out, &s.obs.MutatingWebhooks[i])
-	}
-	return out
 }
 
 func (s *guestSim) service(ns, name string) *corev1.Service {
@@ -183,7 +204,7 @@ func fieldReportGuest(t *testing.T) *guestSim {
 		b.Spec.APIServices = &guestnetv1.TargetSelector{Names: []string{metricsAPI}}
 		b.Spec.ValidatingWebhooks, b.Spec.MutatingWebhooks = all, all
 	})
-	return &guestSim{
+	s := &guestSim{
 		t:   t,
 		gwb: gwb,
 		obs: Observed{
@@ -194,6 +215,10 @@ func fieldReportGuest(t *testing.T) *guestSim {
 		services: append(defaultGuestServices(), nodePortService("projectcontour", "envoy", 30080, 32700)),
 		reach:    Reachability{Evidence: "no ready konnectivity agent"},
 	}
+	for _, obj := range append(s.obs.webhookConfigurations(), &s.obs.APIServices[0], &s.obs.APIServices[1]) {
+		obj.SetResourceVersion("1")
+	}
+	return s
 }
 
 func TestConvergeAndRestore(t *testing.T) {
@@ -207,7 +232,8 @@ func TestConvergeAndRestore(t *testing.T) {
 
 	// First reconcile: everything is bridged at once.
 	p := s.reconcile(g)
-	g.Expect(s.writes).To(Equal(6), "2 NodePort Services, 1 ExternalName Service, 3 objects")
+	g.Expect(s.writes).To(Equal(7), "2 NodePort Services, 1 ExternalName Service, the host copy of the records, 3 objects")
+	g.Expect(s.gwb.Status.Records).To(HaveLen(3))
 	bridged, total := Counts(p)
 	g.Expect(bridged).To(Equal(int32(3)))
 	g.Expect(total).To(Equal(int32(3)))
@@ -245,16 +271,18 @@ func TestConvergeAndRestore(t *testing.T) {
 	s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.URL = nil
 	s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.Service = whRef(cmNS, cmSvc, 443, "/validate")
 	p = s.reconcile(g)
-	g.Expect(s.writes).To(Equal(1), "the repair")
+	g.Expect(s.writes).To(Equal(1), "the repair (the chart's reference, the new original, is the one the host copy holds)")
 	g.Expect(s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.URL).To(Equal(ptr.To(cmValidateURL)))
 	g.Expect(s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.CABundle).To(Equal([]byte("ca-2")))
 	s.reconcile(g)
 	g.Expect(s.writes).To(BeZero())
 
-	// The mutating webhook is dropped from the bridge: restored, the others stay.
+	// The mutating webhook is dropped from the bridge: restored, the others stay; its
+	// record leaves the host copy once the restore landed.
 	s.gwb.Spec.MutatingWebhooks = nil
 	s.reconcile(g)
-	g.Expect(s.writes).To(Equal(1))
+	g.Expect(s.writes).To(Equal(2))
+	g.Expect(s.gwb.Status.Records).To(HaveLen(2))
 	expectSameObject(g, &s.obs.MutatingWebhooks[0], &originalObs.MutatingWebhooks[0])
 	g.Expect(s.service(cmNS, "cert-manager-webhook-guestnet-nodeport")).NotTo(BeNil(), "the validating webhook still uses it")
 
@@ -291,7 +319,7 @@ func TestConvergeAuto(t *testing.T) {
 	// The aggregator fails to reach it: bridged.
 	s.obs.APIServices[0].Status.Conditions = metricsAPIService().Status.Conditions
 	s.reconcile(g)
-	g.Expect(s.writes).To(Equal(3), "NodePort and ExternalName Services, the APIService")
+	g.Expect(s.writes).To(Equal(4), "NodePort and ExternalName Services, the host copy, the APIService")
 	g.Expect(s.obs.APIServices[0].Spec.Service.Name).To(Equal("metrics-server-guestnet"))
 
 	// Through the bridge it becomes available: it stays bridged.
@@ -317,7 +345,7 @@ func TestConvergeForget(t *testing.T) {
 	// The user switches cert-manager to its own url (webhook.url.host).
 	s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.URL = ptr.To("https://cert-manager.example.com/validate")
 	p := s.reconcile(g)
-	g.Expect(s.writes).To(Equal(1), "the record is dropped")
+	g.Expect(s.writes).To(Equal(2), "the record is dropped, in both copies")
 	g.Expect(p.Targets[2].Key()).To(Equal("ValidatingWebhookConfiguration/cert-manager-webhook/webhook.cert-manager.io"))
 	g.Expect(p.Targets[2].Action).To(Equal(ForgetAction))
 	g.Expect(records(g, &s.obs.ValidatingWebhooks[0])).To(BeEmpty())

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,8 +22,22 @@ import (
 
 // Input is what a plan is made from.
 type Input struct {
-	Bridge  *guestnetv1.GuestWebhookBridge
+	Bridge *guestnetv1.GuestWebhookBridge
+	// Targets are the selected targets (Select).
 	Targets []Target
+	// All are the targets of every APIService and webhook configuration of the guest, selected
+	// or not (AllTargets): those this bridge rewrote and no longer selects are restored.
+	All []Target
+	// Host is the host copy of the bridge's records (its status.records).
+	Host HostRecords
+	// Claimants says, for every other bridge ("<namespace>/<name>") that a record or a
+	// guestnet Service of the guest names, whether it exists: a record of a bridge that no
+	// longer exists (its finalizer given up) claims nothing, and its target and Services are
+	// taken over.
+	Claimants map[string]bool
+	// HostServices are the names of the bridge's host Services: a webhook whose url names one
+	// points at the bridge.
+	HostServices map[string]bool
 	// GuestServices are all Services of the guest: the targets' Services, the bridge's own,
 	// and every nodePort in use.
 	GuestServices []corev1.Service
@@ -43,10 +58,14 @@ type Action string
 const (
 	// NoAction: the object is as it should be.
 	NoAction Action = ""
-	// RewriteAction: point the target at the bridge (first time, or a repair after a revert).
+	// RewriteAction: point the target at the bridge (first time, or a repair after a revert)
+	// and store its record; with only the record to repair, the clientConfig is left as it is.
 	RewriteAction Action = "Rewrite"
 	// ForgetAction: drop guestnet's record; someone else changed the target since.
 	ForgetAction Action = "Forget"
+	// RestoreAction: put the recorded original back (when the target still holds what
+	// guestnet wrote) and drop the record.
+	RestoreAction Action = "Restore"
 )
 
 // TargetPlan is the plan for one target.
@@ -72,10 +91,21 @@ type TargetPlan struct {
 	// Probe is filled by the controller for targets that go through the bridge.
 	Probe *ProbeResult
 
-	// rewritten: the target holds what guestnet wrote (IsRewritten of the target as
-	// observed; Service is replaced by the recorded original below, so IsRewritten(tp.Target)
-	// no longer tells).
-	rewritten bool
+	// Own is this bridge's record of the target as it stands (from whichever copy holds what
+	// the target holds), nil when the bridge has not rewritten it. Desired is the record both
+	// copies must hold after this reconcile (nil: none). A RestoreAction restores Own.
+	Own, Desired *Record
+	// Rewritten: the target holds what this bridge wrote (Own); its Service is the recorded
+	// original. RecordOnly: a rewrite that only repairs the guest copy of the record (the
+	// clientConfig is already right). TookOverFrom names the bridge, gone, whose record the
+	// target carried.
+	Rewritten    bool
+	RecordOnly   bool
+	TookOverFrom string
+
+	// observed is the target as the guest holds it (Service is replaced by the recorded
+	// original for a rewritten target).
+	observed Target
 }
 
 // ViaBridge reports whether the target's calls go through the bridge's Services.
@@ -120,6 +150,16 @@ func (p BackendPort) PortName() string {
 type Plan struct {
 	Targets  []TargetPlan
 	Backends []*Backend
+	// LeftOut are the selected targets beyond MaxTargets: neither bridged nor restored.
+	LeftOut []Target
+	// Restores are the targets this bridge rewrote and no longer selects (RestoreAction), and
+	// those it cannot restore because no copy of their record can be read (a Reason).
+	Restores []TargetPlan
+	// KeepServices: a target points at the bridge without a readable record, so which
+	// Services it uses is unknown: none of the bridge's Services is deleted.
+	KeepServices bool
+	// host is the host copy the plan was made with.
+	host HostRecords
 }
 
 // HostNamespace is where the bridge's host Services live: the Cluster's (and so the
@@ -129,11 +169,14 @@ func HostNamespace(gwb *guestnetv1.GuestWebhookBridge) string { return gwb.Names
 // MakePlan decides, target by target, what the bridge does, and which Services (with which
 // nodePorts) that takes.
 func MakePlan(in Input) *Plan {
-	p := &Plan{}
+	p := &Plan{host: in.Host}
+	me := hostnames.BridgeID(in.Bridge)
+	targets, leftOut := limit(in, me)
+	p.LeftOut = leftOut
 	backends := map[string]*Backend{}
-	for _, t := range in.Targets {
+	for _, t := range targets {
 		tp := decide(in, t)
-		if tp.Backend == nil && tp.Service != nil && tp.Reason == "" && (tp.Action == RewriteAction || IsRewritten(t)) {
+		if tp.Backend == nil && tp.Service != nil && tp.Reason == "" && (tp.Action == RewriteAction || tp.Rewritten) {
 			attachBackend(in, &tp, backends, *tp.Service)
 		}
 		p.Targets = append(p.Targets, tp)
@@ -153,14 +196,79 @@ func MakePlan(in Input) *Plan {
 	for i := range p.Targets {
 		finish(in, &p.Targets[i])
 	}
+	limitRecords(p)
+	skip := map[string]bool{}
+	for _, t := range targets {
+		skip[t.Key()] = true
+	}
+	for _, t := range leftOut {
+		skip[t.Key()] = true
+	}
+	p.Restores = planRestores(in, me, func(t Target) bool { return !skip[t.Key()] })
+	for _, tp := range append(slices.Clone(p.Targets), p.Restores...) {
+		if tp.Reason == guestnetv1.RecordUnreadableReason {
+			p.KeepServices = true
+		}
+	}
 	return p
+}
+
+// PlanDeletion plans the restore of every target the bridge rewrote, for its deletion.
+func PlanDeletion(in Input) *Plan {
+	p := &Plan{host: in.Host}
+	p.Restores = planRestores(in, hostnames.BridgeID(in.Bridge), func(Target) bool { return true })
+	return p
+}
+
+// limit keeps the first MaxTargets targets (those the bridge rewrote first, then by key) and
+// returns the others apart: status.targets cannot hold more, and a target the bridge rewrote
+// must never be dropped from its care because new ones appeared.
+func limit(in Input, me string) (kept, leftOut []Target) {
+	if len(in.Targets) <= guestnetv1.MaxTargets {
+		return in.Targets, nil
+	}
+	ours := func(t Target) bool {
+		return t.Record != nil && t.Record.Bridge == me || in.Host.Has(t.Key())
+	}
+	ordered := slices.Clone(in.Targets)
+	slices.SortStableFunc(ordered, func(a, b Target) int {
+		switch oa, ob := ours(a), ours(b); {
+		case oa && !ob:
+			return -1
+		case ob && !oa:
+			return 1
+		}
+		return strings.Compare(a.Key(), b.Key())
+	})
+	kept = ordered[:guestnetv1.MaxTargets]
+	slices.SortFunc(kept, func(a, b Target) int { return strings.Compare(a.Key(), b.Key()) })
+	return kept, ordered[guestnetv1.MaxTargets:]
+}
+
+// limitRecords blocks first rewrites that would take the records past MaxRecords (while
+// earlier targets are still being restored): they wait for the next reconcile.
+func limitRecords(p *Plan) {
+	n := p.host.Len()
+	for i := range p.Targets {
+		tp := &p.Targets[i]
+		if tp.Action != RewriteAction || tp.Rewritten || p.host.Has(tp.Key()) {
+			continue
+		}
+		if n >= guestnetv1.MaxRecords {
+			tp.Action, tp.Bridged, tp.Backend = NoAction, false, nil
+			tp.Reason = guestnetv1.TooManyTargetsReason
+			tp.Message = fmt.Sprintf("the bridge already holds %d records (targets bridged, and targets being restored): bridged once earlier targets are restored", n)
+			continue
+		}
+		n++
+	}
 }
 
 // decide classifies a target. A target to bridge gets Action and, through attachBackend,
 // its backend; the service it must reach is left in tp.Service (for a rewritten target, the
 // recorded original).
 func decide(in Input, t Target) TargetPlan {
-	tp := TargetPlan{Target: t}
+	tp := TargetPlan{Target: t, observed: t}
 	me := hostnames.BridgeID(in.Bridge)
 	auto := in.Bridge.Spec.Mode != guestnetv1.BridgeModeAlways
 	if t.IsWebhook() {
@@ -168,36 +276,63 @@ func decide(in Input, t Target) TargetPlan {
 	} else if t.InsecureSkipTLSVerify {
 		tp.Warnings = []string{"insecureSkipTLSVerify is true: the guest apiserver does not verify the server's certificate (metrics-server's default); set caBundle instead to have it verified"}
 	}
+	host, hostErr := in.Host.Lookup(t.Key())
+	guest := t.Record
+	foreign := guest != nil && guest.Bridge != me
+	mine := guest != nil && !foreign
+	// hadRecord: this bridge rewrote the target at some point (a revert may have undone it).
+	hadRecord := mine || in.Host.Has(t.Key())
 
 	switch {
 	case !t.Found:
 		tp.Reason = guestnetv1.TargetNotFoundReason
 		tp.Message = fmt.Sprintf("%s does not exist in the guest; guestnet bridges it once it is created", t)
-	case t.Record != nil && t.Record.Bridge != me:
+		return tp
+	case foreign && in.Claimants[guest.Bridge]:
 		tp.Reason = guestnetv1.TargetClaimedReason
-		tp.Message = fmt.Sprintf("%s is bridged by GuestWebhookBridge %s; remove it from one of the two bridges", t, t.Record.Bridge)
-	case IsRewritten(t):
-		tp.rewritten = true
-		original, err := recordedService(t)
+		tp.Message = fmt.Sprintf("%s is bridged by GuestWebhookBridge %s; remove it from one of the two bridges", t, guest.Bridge)
+		return tp
+	case foreign && holds(t, guest):
+		// Rewritten by a bridge that no longer exists: this one takes it over, with its original.
+		tp.TookOverFrom = guest.Bridge
+		tp.Own = &Record{Bridge: me, Original: guest.Original, Written: guest.Written}
+	case holds(t, host):
+		tp.Own = host
+	case mine && holds(t, guest):
+		tp.Own = guest
+	}
+	if tp.Own != nil {
+		tp.Rewritten = true
+		original, err := recordedService(t, *tp.Own)
 		if err != nil {
-			tp.Reason, tp.Message = guestnetv1.TargetNotBridgeableReason, err.Error()
+			tp.Reason, tp.Message = guestnetv1.RecordUnreadableReason, err.Error()
+			tp.Desired = tp.Own
 			return tp
 		}
 		tp.Service = original
-	case t.IsWebhook() && t.Service == nil && t.Record != nil:
+		return tp
+	}
+	if pointsAtBridge(in, t) {
+		tp.Reason = guestnetv1.RecordUnreadableReason
+		tp.Message = recordUnreadableMessage(t, hostErr)
+		return tp
+	}
+
+	switch {
+	case t.IsWebhook() && t.Service == nil && hadRecord:
 		tp.Action = ForgetAction
 		tp.Message = fmt.Sprintf("clientConfig.url was changed to %s after guestnet bridged it: left alone, and not restored when the bridge goes", t.URL)
 	case t.IsWebhook() && t.Service == nil:
 		tp.Message = fmt.Sprintf("has clientConfig.url %s already (the guest apiserver dials it directly): left alone", t.URL)
 	case t.Service == nil:
 		tp.Message = "served by the guest apiserver itself (no service): nothing to bridge"
-	case auto && t.Record == nil && !t.IsWebhook() && t.Available == nil:
+	case auto && !hadRecord && !t.IsWebhook() && t.Available == nil:
 		tp.Reason = guestnetv1.WaitingForAvailabilityReason
 		tp.Message = "mode Auto: waiting for the aggregator's first availability check before deciding whether the bridge is needed"
-	case auto && t.Record == nil && !t.IsWebhook() && t.Available.Status == apiregistrationv1.ConditionTrue:
+	case auto && !hadRecord && !t.IsWebhook() && t.Available.Status == apiregistrationv1.ConditionTrue:
 		tp.Bridged = true
 		tp.Message = "left alone (mode Auto): Available=True through its Service, the guest apiserver reaches it"
-	case auto && t.Record == nil && t.IsWebhook() && in.Reach.Reaches:
+	case auto && !hadRecord && t.IsWebhook() && in.Reach.Reaches:
 		tp.Bridged = true
 		tp.Message = "left alone (mode Auto): " + in.Reach.Evidence
 	default:
@@ -206,20 +341,166 @@ func decide(in Input, t Target) TargetPlan {
 	return tp
 }
 
+// ownsService reports whether the bridge may apply over a guest Service: its own, or one of
+// a bridge that no longer exists (left behind when that bridge gave up on an unreachable
+// guest), which it adopts.
+func (in Input) ownsService(svc *corev1.Service) bool {
+	if hostnames.IsBridgeObject(svc, in.Bridge) {
+		return true
+	}
+	owner, ok := svc.GetAnnotations()[hostnames.BridgeAnnotation]
+	exists, known := in.Claimants[owner]
+	return ok && svc.GetLabels()[hostnames.ManagedByLabel] == hostnames.ManagedByValue && known && !exists
+}
+
+// pointsAtBridge reports whether t calls one of the bridge's Services: a webhook whose url
+// names a host Service of the bridge, an APIService whose service is a guest Service of it.
+func pointsAtBridge(in Input, t Target) bool {
+	if !t.IsWebhook() {
+		if t.Service == nil {
+			return false
+		}
+		svc := findService(in.GuestServices, t.Service.Namespace, t.Service.Name)
+		return svc != nil && hostnames.IsBridgeObject(svc, in.Bridge)
+	}
+	if t.Service != nil || t.URL == "" {
+		return false
+	}
+	u, err := url.Parse(t.URL)
+	if err != nil {
+		return false
+	}
+	name, ok := strings.CutSuffix(u.Hostname(), "."+HostNamespace(in.Bridge)+".svc")
+	return ok && in.HostServices[name]
+}
+
+func recordUnreadableMessage(t Target, hostErr error) string {
+	var why []string
+	if t.RecordErr != nil {
+		why = append(why, "the guest copy: "+t.RecordErr.Error())
+	} else {
+		why = append(why, "the guest copy (annotation "+guestnetv1.BridgeOriginalAnnotation+") is missing")
+	}
+	if hostErr != nil {
+		why = append(why, "the host copy: "+hostErr.Error())
+	} else {
+		why = append(why, "the host copy (status.records) is missing")
+	}
+	return fmt.Sprintf("it points at this bridge, but no copy of its record can be read (%s): guestnet does not know its original "+
+		"and leaves it, and the bridge's Services, as they are. Put the original service reference back by hand and remove the annotation "+
+		"(docs/runbook.md#bridge-record-unreadable)", strings.Join(why, "; "))
+}
+
 // recordedService is the original service of a rewritten target, from its record.
-func recordedService(t Target) (*ServiceRef, error) {
+func recordedService(t Target, r Record) (*ServiceRef, error) {
 	if t.IsWebhook() {
 		s := &admissionregistrationv1.ServiceReference{}
-		if err := json.Unmarshal(t.Record.Original, s); err != nil {
-			return nil, fmt.Errorf("%s: unreadable record in annotation %s: %w", t, guestnetv1.BridgeOriginalAnnotation, err)
+		if err := json.Unmarshal(r.Original, s); err != nil || s.Name == "" {
+			return nil, fmt.Errorf("%s: its record's original is not a service reference", t)
 		}
 		return &ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: ptr.Deref(s.Port, 443), Path: ptr.Deref(s.Path, "")}, nil
 	}
 	s := &apiregistrationv1.ServiceReference{}
-	if err := json.Unmarshal(t.Record.Original, s); err != nil {
-		return nil, fmt.Errorf("%s: unreadable record in annotation %s: %w", t, guestnetv1.BridgeOriginalAnnotation, err)
+	if err := json.Unmarshal(r.Original, s); err != nil || s.Name == "" {
+		return nil, fmt.Errorf("%s: its record's original is not a service reference", t)
 	}
 	return &ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: ptr.Deref(s.Port, 443)}, nil
+}
+
+// planRestores plans, for every target of the guest this bridge has a record of (either copy)
+// that restore accepts, the restore of its original. A target that points at the bridge with
+// no readable record cannot be restored: it gets RecordUnreadable.
+func planRestores(in Input, me string, restore func(Target) bool) []TargetPlan {
+	var out []TargetPlan
+	for _, t := range in.All {
+		if !restore(t) {
+			continue
+		}
+		host, hostErr := in.Host.Lookup(t.Key())
+		mine := t.Record != nil && t.Record.Bridge == me
+		tp := TargetPlan{Target: t}
+		switch {
+		case holds(t, host):
+			tp.Own = host
+		case mine && holds(t, t.Record):
+			tp.Own = t.Record
+		case pointsAtBridge(in, t) && (t.Record == nil || !mine):
+			tp.Reason = guestnetv1.RecordUnreadableReason
+			tp.Message = recordUnreadableMessage(t, hostErr)
+			out = append(out, tp)
+			continue
+		case host != nil:
+			tp.Own = host // the target holds something else: only the records go
+		case mine:
+			tp.Own = t.Record
+		case in.Host.Has(t.Key()):
+			tp.Own = &Record{Bridge: me} // an unreadable host entry of a target that does not point at the bridge: dropped
+		default:
+			continue
+		}
+		tp.Rewritten = holds(t, tp.Own)
+		tp.Action = RestoreAction
+		out = append(out, tp)
+	}
+	return out
+}
+
+// HostRecords are the entries of the host copy (status.records) after this reconcile's guest
+// writes: the desired record of every target the bridge keeps bridged, the unreadable entries
+// of targets left as they are, and nothing for restored targets or targets the guest no
+// longer has. Before the guest writes, PendingHostRecords applies.
+func (p *Plan) HostRecords() map[string]guestnetv1.BridgeRecord {
+	out := map[string]guestnetv1.BridgeRecord{}
+	for _, tp := range p.Targets {
+		switch {
+		case tp.Desired != nil:
+			out[tp.Key()] = hostRecord(tp.Target, *tp.Desired)
+		case tp.Reason == guestnetv1.RecordUnreadableReason || tp.Reason == guestnetv1.TargetNotFoundReason && p.host.Has(tp.Key()):
+			// Left as they are: unreadable (for the user to fix), or the object is missing
+			// for a moment (a Helm reinstall deletes and creates it).
+			if e, ok := p.host.Entry(tp.Key()); ok {
+				out[tp.Key()] = e
+			}
+		}
+	}
+	for _, t := range p.LeftOut {
+		if e, ok := p.host.Entry(t.Key()); ok {
+			out[t.Key()] = e
+		}
+	}
+	for _, tp := range p.Restores {
+		if tp.Action != RestoreAction {
+			if e, ok := p.host.Entry(tp.Key()); ok {
+				out[tp.Key()] = e
+			}
+		}
+	}
+	return out
+}
+
+// PendingHostRecords are the entries of the host copy to write before the guest: every entry
+// the host copy has now, and the desired records of the targets about to be rewritten. So a
+// record is in the host copy before its rewrite lands in the guest, and stays there until
+// its restore has landed.
+func (p *Plan) PendingHostRecords() map[string]guestnetv1.BridgeRecord {
+	out := map[string]guestnetv1.BridgeRecord{}
+	for _, key := range p.host.Keys() {
+		e, _ := p.host.Entry(key)
+		out[key] = e
+	}
+	for key, e := range p.HostRecords() {
+		out[key] = e
+	}
+	return out
+}
+
+// HostRecordsChanged reports whether entries differ from the host copy the plan was made with.
+func (p *Plan) HostRecordsChanged(entries map[string]guestnetv1.BridgeRecord) bool {
+	current := map[string]guestnetv1.BridgeRecord{}
+	for _, key := range p.host.Keys() {
+		current[key], _ = p.host.Entry(key)
+	}
+	return !SameHostRecords(current, entries)
 }
 
 // attachBackend resolves the guest Service a target must reach and adds the port to its
@@ -282,7 +563,7 @@ func allocateNodePorts(in Input, p *Plan) {
 	own := map[string]map[int32]int32{}
 	for i := range in.GuestServices {
 		svc := &in.GuestServices[i]
-		ours := hostnames.IsBridgeObject(svc, in.Bridge) && svc.Spec.Type == corev1.ServiceTypeNodePort
+		ours := in.ownsService(svc) && svc.Spec.Type == corev1.ServiceTypeNodePort
 		for _, sp := range svc.Spec.Ports {
 			if sp.NodePort == 0 {
 				continue
@@ -375,11 +656,14 @@ func finish(in Input, tp *TargetPlan) {
 		if tp.Reason != "" {
 			tp.Action = NoAction // its Service cannot be bridged: nothing is rewritten
 		}
+		if tp.Rewritten {
+			tp.Desired = tp.Own // keep the record while the target stays rewritten
+		}
 		return
 	}
 	if tp.Reason == "" {
 		for _, name := range b.guestServiceNames() {
-			if svc := findService(in.GuestServices, b.Service.Namespace, name); svc != nil && !hostnames.IsBridgeObject(svc, in.Bridge) {
+			if svc := findService(in.GuestServices, b.Service.Namespace, name); svc != nil && !in.ownsService(svc) {
 				tp.Reason = guestnetv1.HostObjectConflictReason
 				tp.Message = fmt.Sprintf("the guest already has a Service %s/%s that is not this bridge's; rename or delete it", svc.Namespace, name)
 			}
@@ -393,19 +677,36 @@ func finish(in Input, tp *TargetPlan) {
 		tp.APIServiceRef = &apiregistrationv1.ServiceReference{Namespace: b.Service.Namespace, Name: b.ExternalNameService, Port: ptr.To(tp.Port)}
 		tp.TLSServerName = hostnames.ServiceDNSName(b.Service.Namespace, b.ExternalNameService)
 	}
+	me := hostnames.BridgeID(in.Bridge)
+	desired := &Record{Bridge: me, Original: tp.original, Written: tp.URL}
+	if !tp.IsWebhook() {
+		desired.Written = ServiceRef{Namespace: tp.APIServiceRef.Namespace, Name: tp.APIServiceRef.Name, Port: tp.Port}.String()
+	}
+	if tp.Rewritten {
+		desired.Original = tp.Own.Original
+	}
+	if tp.Reason == "" && (len(compactJSON(desired.Original)) > guestnetv1.MaxRecordOriginal || len(desired.Written) > guestnetv1.MaxRecordWritten) {
+		tp.Reason = guestnetv1.TargetNotBridgeableReason
+		tp.Message = fmt.Sprintf("its record would be longer than guestnet keeps (%d characters of original service, %d of url): shorten the webhook's path",
+			guestnetv1.MaxRecordOriginal, guestnetv1.MaxRecordWritten)
+	}
 	if tp.Reason != "" {
 		// Nothing is rewritten while the bridge cannot work; a rewritten target stays as it
-		// is (taking it back would not make it work).
+		// is (taking it back would not make it work), and so does its record.
 		tp.Action = NoAction
 		tp.Backend = nil
+		tp.Desired = tp.Own
 		return
 	}
-	if tp.rewritten && (tp.IsWebhook() && tp.URL == tp.Target.URL || !tp.IsWebhook() && sameAPIServiceRef(tp.APIServiceRef, tp.Record.Written)) {
+	tp.Desired = desired
+	tp.Bridged = true
+	holdsDesired := holds(tp.observed, desired)
+	tp.RecordOnly = tp.Rewritten && holdsDesired
+	if holdsDesired && tp.Record.Equal(desired) && tp.TookOverFrom == "" {
 		tp.Action = NoAction
 	} else {
 		tp.Action = RewriteAction
 	}
-	tp.Bridged = true
 }
 
 // guestServiceNames are the bridge's guest Services for the backend.

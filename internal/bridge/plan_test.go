@@ -21,11 +21,7 @@ func webhookTarget(t *testing.T, mutate ...func(*admissionregistrationv1.Validat
 	for _, m := range mutate {
 		m(c)
 	}
-	ts, err := WebhookTargets(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ts[0]
+	return WebhookTargets(c)[0]
 }
 
 func apiServiceTarget(t *testing.T, a *apiregistrationv1.APIService, mutate ...func(*apiregistrationv1.APIService)) Target {
@@ -33,18 +29,14 @@ func apiServiceTarget(t *testing.T, a *apiregistrationv1.APIService, mutate ...f
 	for _, m := range mutate {
 		m(a)
 	}
-	tg, err := APIServiceTarget(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tg
+	return APIServiceTarget(a)
 }
 
 // rewrittenBy rewrites cert-manager's validating webhook to url, for bridge.
 func rewrittenBy(t *testing.T, bridge, url string) func(*admissionregistrationv1.ValidatingWebhookConfiguration) {
 	return func(c *admissionregistrationv1.ValidatingWebhookConfiguration) {
 		t.Helper()
-		if _, err := RewriteWebhook(c, cmWebhook, url, bridge); err != nil {
+		if _, err := RewriteWebhook(c, cmWebhook, url, NewRecord(WebhookTargets(c)[0], bridge, url)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,7 +45,8 @@ func rewrittenBy(t *testing.T, bridge, url string) func(*admissionregistrationv1
 func apiRewrittenBy(t *testing.T, bridge string, ref *apiregistrationv1.ServiceReference) func(*apiregistrationv1.APIService) {
 	return func(a *apiregistrationv1.APIService) {
 		t.Helper()
-		if _, err := RewriteAPIService(a, *ref, bridge); err != nil {
+		written := ServiceRef{Namespace: ref.Namespace, Name: ref.Name, Port: ptr.Deref(ref.Port, 443)}.String()
+		if _, err := RewriteAPIService(a, *ref, NewRecord(APIServiceTarget(a), bridge, written)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -113,6 +106,9 @@ func TestMakePlanDecisions(t *testing.T) {
 		target   Target
 		services []corev1.Service // the default guest Services when nil
 		reach    Reachability
+		// host is the host copy of the records, hostServices the bridge's host Services.
+		host         HostRecords
+		hostServices map[string]bool
 
 		wantAction    Action
 		wantReason    string
@@ -333,8 +329,8 @@ func TestMakePlanDecisions(t *testing.T) {
 				tg.Record.Original = []byte(`"not a service"`)
 				return tg
 			}(),
-			wantReason:  guestnetv1.TargetNotBridgeableReason,
-			wantMessage: "unreadable record in annotation " + guestnetv1.BridgeOriginalAnnotation,
+			wantReason:  guestnetv1.RecordUnreadableReason,
+			wantMessage: "its record's original is not a service reference",
 		},
 		{
 			name:        "a Service of someone else's has the bridge's NodePort Service name",
@@ -371,7 +367,8 @@ func TestMakePlanDecisions(t *testing.T) {
 			if services == nil {
 				services = defaultGuestServices()
 			}
-			p := MakePlan(Input{Bridge: gwb, Targets: []Target{tt.target}, GuestServices: services, Reach: tt.reach})
+			p := MakePlan(Input{Bridge: gwb, Targets: []Target{tt.target}, GuestServices: services, Reach: tt.reach,
+				Host: tt.host, HostServices: tt.hostServices, Claimants: map[string]bool{other: true}})
 			checkPlanInvariants(g, gwb, p)
 			g.Expect(p.Targets).To(HaveLen(1))
 			tp := p.Targets[0]
@@ -417,7 +414,7 @@ func TestMakePlanBackends(t *testing.T) {
 	}
 	all := &guestnetv1.TargetSelector{All: true}
 	gwb.Spec.APIServices, gwb.Spec.ValidatingWebhooks, gwb.Spec.MutatingWebhooks = all, all, all
-	targets, err := Select(&gwb.Spec, obs)
+	targets, err := Select(&gwb.Spec, obs, HostRecords{})
 	g.Expect(err).NotTo(HaveOccurred())
 	services := append(defaultGuestServices(), kyverno, chartService("both", "both-api", 8443))
 

@@ -2,11 +2,15 @@ package bridge
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -81,7 +85,7 @@ func Probe(ctx context.Context, addr, serverName string, caBundle []byte, insecu
 	}
 	opts := x509.VerifyOptions{Roots: roots, Intermediates: intermediates}
 	if _, err := leaf.Verify(opts); err != nil {
-		result.Detail = "certificate does not verify against the caBundle: " + err.Error()
+		result.Detail = "certificate does not verify against the caBundle: " + verifyError(err, leaf)
 		return result
 	}
 	if err := leaf.VerifyHostname(serverName); err != nil {
@@ -103,4 +107,43 @@ func dialError(err error) string {
 		return fmt.Sprintf("no answer within %s", ProbeTimeout)
 	}
 	return strings.TrimSpace(err.Error())
+}
+
+// verifyError says why a certificate does not verify, in words that stay the same from one
+// probe to the next: Go's message for an expired certificate carries the current time, which
+// would change the status at every probe.
+func verifyError(err error, leaf *x509.Certificate) string {
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &invalid) && invalid.Reason == x509.Expired {
+		return fmt.Sprintf("x509: certificate expired at %s or is not valid before %s; renew it",
+			leaf.NotAfter.UTC().Format(time.RFC3339), leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
+	return err.Error()
+}
+
+// ProbeInputs is everything a probe's answer depends on that guestnet can see: where it
+// dials, the name and CA it verifies with, and the endpoints behind the host Service. A probe
+// is repeated when they change; otherwise only after a long safety interval (the server
+// behind them can change without guestnet seeing it, e.g. a certificate renewed in place),
+// or when the bridge's recheck annotation changes.
+type ProbeInputs struct {
+	Addr       string
+	ServerName string
+	CABundle   []byte
+	Insecure   bool
+	// Endpoints are the ready endpoints of the host Service ("<address>:<port>"), in any order.
+	Endpoints []string
+	// Recheck is the value of the bridge's recheck annotation.
+	Recheck string
+}
+
+// Key is a digest of the inputs: equal keys, equal inputs.
+func (in ProbeInputs) Key() string {
+	endpoints := slices.Clone(in.Endpoints)
+	slices.Sort(endpoints)
+	h := sha256.New()
+	for _, part := range []string{in.Addr, in.ServerName, string(in.CABundle), strconv.FormatBool(in.Insecure), strings.Join(endpoints, ","), in.Recheck} {
+		fmt.Fprintf(h, "%d:%s;", len(part), part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -26,9 +27,72 @@ func expectSameObject(g Gomega, got, want any) {
 
 // records reads guestnet's records from an object, failing on an unreadable annotation.
 func records(g Gomega, obj client.Object) map[string]Record {
-	r, err := readRecords(obj)
-	g.Expect(err).NotTo(HaveOccurred())
-	return r
+	set := readRecordSet(obj)
+	g.Expect(set.unreadable).NotTo(HaveOccurred())
+	out := map[string]Record{}
+	for key := range set.entries {
+		r, err := set.get(key)
+		g.Expect(err).NotTo(HaveOccurred())
+		out[key] = *r
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// The plan decides which record a rewrite stores; these do what it does with the guest copy
+// alone: a first rewrite records the service the target holds; a target that holds what the
+// bridge wrote keeps its recorded original.
+
+func rewriteWebhook(obj client.Object, webhook, url, bridge string) (bool, error) {
+	t := Target{Webhook: webhook, Service: &ServiceRef{}} // a webhook the object lacks: RewriteWebhook says so
+	for _, tg := range WebhookTargets(obj) {
+		if tg.Webhook == webhook {
+			t = tg
+		}
+	}
+	rec := NewRecord(t, bridge, url)
+	if t.Service == nil {
+		if t.Record == nil || t.Record.Bridge != bridge {
+			return false, fmt.Errorf("%s webhook %s references no Service and was not rewritten by %s", obj.GetName(), webhook, bridge)
+		}
+		rec.Original = t.Record.Original
+	}
+	return RewriteWebhook(obj, webhook, url, rec)
+}
+
+func restoreWebhook(obj client.Object, webhook, bridge string) (bool, error) {
+	r, err := readRecordSet(obj).get(webhook)
+	if err != nil || r == nil || r.Bridge != bridge {
+		return false, nil
+	}
+	return RestoreWebhook(obj, webhook, *r)
+}
+
+func rewriteAPIService(a *apiregistrationv1.APIService, ref apiregistrationv1.ServiceReference, bridge string) (bool, error) {
+	t := APIServiceTarget(a)
+	written := ServiceRef{Namespace: ref.Namespace, Name: ref.Name, Port: ptr.Deref(ref.Port, 443)}.String()
+	rec := NewRecord(t, bridge, written)
+	switch {
+	case t.Record != nil && t.Record.Bridge == bridge && holds(t, t.Record):
+		rec.Original = t.Record.Original
+	case t.Service == nil:
+		return false, fmt.Errorf("APIService %s references no Service", a.Name)
+	}
+	return RewriteAPIService(a, ref, rec)
+}
+
+func restoreAPIService(a *apiregistrationv1.APIService, bridge string) (bool, error) {
+	t := APIServiceTarget(a)
+	if t.Record == nil || t.Record.Bridge != bridge {
+		return false, nil
+	}
+	return RestoreAPIService(a, *t.Record)
+}
+
+func forgetWebhook(obj client.Object, webhook, bridge string) (bool, error) {
+	return ForgetWebhook(obj, webhook, bridge), nil
 }
 
 // clientConfig is the client config of the webhook named name, for any configuration kind.
@@ -74,7 +138,7 @@ func TestRewriteRestoreWebhookRoundTrip(t *testing.T) {
 			obj := original.DeepCopyObject().(client.Object)
 			originalService := clientConfig(g, original, tt.webhook).Service
 
-			changed, err := RewriteWebhook(obj, tt.webhook, url, me)
+			changed, err := rewriteWebhook(obj, tt.webhook, url, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeTrue())
 			cc := clientConfig(g, obj, tt.webhook)
@@ -98,7 +162,7 @@ func TestRewriteRestoreWebhookRoundTrip(t *testing.T) {
 
 			// The same rewrite again changes nothing.
 			rewritten := obj.DeepCopyObject()
-			changed, err = RewriteWebhook(obj, tt.webhook, url, me)
+			changed, err = rewriteWebhook(obj, tt.webhook, url, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeFalse())
 			g.Expect(obj).To(Equal(rewritten))
@@ -106,7 +170,7 @@ func TestRewriteRestoreWebhookRoundTrip(t *testing.T) {
 			// cert-manager's cainjector rotates the CA in between.
 			clientConfig(g, obj, tt.webhook).CABundle = []byte("ca-2")
 
-			changed, err = RestoreWebhook(obj, tt.webhook, me)
+			changed, err = restoreWebhook(obj, tt.webhook, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeTrue())
 			want := original.DeepCopyObject().(client.Object)
@@ -115,7 +179,7 @@ func TestRewriteRestoreWebhookRoundTrip(t *testing.T) {
 			expectSameObject(g, obj, want)
 
 			// Restoring again changes nothing.
-			changed, err = RestoreWebhook(obj, tt.webhook, me)
+			changed, err = restoreWebhook(obj, tt.webhook, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeFalse())
 			expectSameObject(g, obj, want)
@@ -134,7 +198,7 @@ func TestRewriteWebhook(t *testing.T) {
 	}
 	rewritten := func(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
 		c := certManagerVWC()
-		if _, err := RewriteWebhook(c, cmWebhook, url, me); err != nil {
+		if _, err := rewriteWebhook(c, cmWebhook, url, me); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -165,7 +229,7 @@ func TestRewriteWebhook(t *testing.T) {
 			name: "a url another bridge wrote",
 			obj: func(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
 				c := certManagerVWC()
-				if _, err := RewriteWebhook(c, cmWebhook, url, other); err != nil {
+				if _, err := rewriteWebhook(c, cmWebhook, url, other); err != nil {
 					t.Fatal(err)
 				}
 				return c
@@ -213,13 +277,15 @@ func TestRewriteWebhook(t *testing.T) {
 			webhook: cmWebhook, url: url, wantChanged: true, wantOriginal: whRef(cmNS, cmSvc, 443, "/validate"),
 		},
 		{
-			name: "unreadable record",
+			// Nothing in it can be read: it is replaced (every bridge keeps its records in
+			// its own host copy too).
+			name: "unreadable record annotation replaced",
 			obj: func(*testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
 				c := certManagerVWC()
 				c.Annotations[guestnetv1.BridgeOriginalAnnotation] = "{"
 				return c
 			},
-			webhook: cmWebhook, url: url, wantErr: "is not guestnet's",
+			webhook: cmWebhook, url: url, wantChanged: true, wantOriginal: whRef(cmNS, cmSvc, 443, "/validate"),
 		},
 	}
 	for _, tt := range tests {
@@ -227,7 +293,7 @@ func TestRewriteWebhook(t *testing.T) {
 			g := NewWithT(t)
 			obj := tt.obj(t)
 			before := obj.DeepCopy()
-			changed, err := RewriteWebhook(obj, tt.webhook, tt.url, me)
+			changed, err := rewriteWebhook(obj, tt.webhook, tt.url, me)
 			if tt.wantErr != "" {
 				g.Expect(err).To(MatchError(ContainSubstring(tt.wantErr)))
 				g.Expect(changed).To(BeFalse())
@@ -248,7 +314,7 @@ func TestRewriteWebhook(t *testing.T) {
 			g.Expect(string(rec.Original)).To(MatchJSON(mustJSON(t, tt.wantOriginal)))
 
 			// And restoring gives back that original.
-			_, err = RestoreWebhook(obj, tt.webhook, me)
+			_, err = restoreWebhook(obj, tt.webhook, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(clientConfig(g, obj, tt.webhook).Service).To(Equal(tt.wantOriginal))
 			g.Expect(clientConfig(g, obj, tt.webhook).URL).To(BeNil())
@@ -260,7 +326,7 @@ func TestRestoreAndForgetWebhook(t *testing.T) {
 	const url = cmValidateURL
 	rewritten := func(t *testing.T, bridge string) *admissionregistrationv1.ValidatingWebhookConfiguration {
 		c := certManagerVWC()
-		if _, err := RewriteWebhook(c, cmWebhook, url, bridge); err != nil {
+		if _, err := rewriteWebhook(c, cmWebhook, url, bridge); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -320,26 +386,13 @@ func TestRestoreAndForgetWebhook(t *testing.T) {
 			wantRestored: admissionregistrationv1.WebhookClientConfig{Service: whRef(cmNS, cmSvc, 443, "/validate"), CABundle: []byte("ca-1")},
 			wantForgot:   admissionregistrationv1.WebhookClientConfig{Service: whRef(cmNS, cmSvc, 443, "/validate"), CABundle: []byte("ca-1")},
 		},
-		{
-			name: "unreadable original in the record",
-			obj: func(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
-				c := certManagerVWC()
-				c.Webhooks[0].ClientConfig.Service = nil
-				c.Webhooks[0].ClientConfig.URL = ptr.To(url)
-				c.Annotations[guestnetv1.BridgeOriginalAnnotation] = `{"` + cmWebhook + `":{"bridge":"` + me + `","original":"oops","written":"` + url + `"}}`
-				return c
-			},
-			wantErr:           "record of cert-manager-webhook webhook webhook.cert-manager.io",
-			wantForgetChanged: true,
-			wantForgot:        admissionregistrationv1.WebhookClientConfig{URL: ptr.To(url), CABundle: []byte("ca-1")},
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
 			obj := tt.obj(t)
 			before := obj.DeepCopy()
-			changed, err := RestoreWebhook(obj, cmWebhook, me)
+			changed, err := restoreWebhook(obj, cmWebhook, me)
 			if tt.wantErr != "" {
 				g.Expect(err).To(MatchError(ContainSubstring(tt.wantErr)))
 			} else {
@@ -350,7 +403,7 @@ func TestRestoreAndForgetWebhook(t *testing.T) {
 			}
 
 			obj = before.DeepCopy()
-			changed, err = ForgetWebhook(obj, cmWebhook, me)
+			changed, err = forgetWebhook(obj, cmWebhook, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(Equal(tt.wantForgetChanged))
 			g.Expect(obj.Webhooks[0].ClientConfig).To(Equal(tt.wantForgot))
@@ -373,11 +426,11 @@ func checkRecordGone(g Gomega, obj, before *admissionregistrationv1.ValidatingWe
 func TestRestoreWebhookRemovedFromConfiguration(t *testing.T) {
 	g := NewWithT(t)
 	c := vwc("kyverno", nil, vwh("a.kyverno.svc", whRef("kyverno", "kyverno-svc", 443, "/a")), vwh("b.kyverno.svc", whRef("kyverno", "kyverno-svc", 443, "/b")))
-	_, err := RewriteWebhook(&c, "b.kyverno.svc", "https://x.k0smotron.svc/b", me)
+	_, err := rewriteWebhook(&c, "b.kyverno.svc", "https://x.k0smotron.svc/b", me)
 	g.Expect(err).NotTo(HaveOccurred())
 	c.Webhooks = c.Webhooks[:1] // a new chart version dropped webhook b
 
-	changed, err := RestoreWebhook(&c, "b.kyverno.svc", me)
+	changed, err := restoreWebhook(&c, "b.kyverno.svc", me)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(changed).To(BeTrue())
 	g.Expect(c.Annotations).NotTo(HaveKey(guestnetv1.BridgeOriginalAnnotation))
@@ -398,7 +451,7 @@ func TestWebhookRecordsCoexist(t *testing.T) {
 	for _, step := range []struct {
 		webhook, bridge string
 	}{{"a.kyverno.svc", me}, {"b.kyverno.svc", me}, {"c.kyverno.svc", other}} {
-		changed, err := RewriteWebhook(c, step.webhook, "https://"+step.webhook+".k0smotron.svc/", step.bridge)
+		changed, err := rewriteWebhook(c, step.webhook, "https://"+step.webhook+".k0smotron.svc/", step.bridge)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(changed).To(BeTrue())
 	}
@@ -414,26 +467,26 @@ func TestWebhookRecordsCoexist(t *testing.T) {
 		if w == "c.kyverno.svc" {
 			bridge = other
 		}
-		_, err := RewriteWebhook(again, w, "https://"+w+".k0smotron.svc/", bridge)
+		_, err := rewriteWebhook(again, w, "https://"+w+".k0smotron.svc/", bridge)
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 	g.Expect(again.Annotations).To(Equal(c.Annotations))
 
-	changed, err := RestoreWebhook(c, "a.kyverno.svc", me)
+	changed, err := restoreWebhook(c, "a.kyverno.svc", me)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(changed).To(BeTrue())
 	g.Expect(records(g, c)).To(HaveLen(2))
 	g.Expect(records(g, c)).NotTo(HaveKey("a.kyverno.svc"))
 	g.Expect(c.Webhooks[1].ClientConfig.URL).To(Equal(ptr.To("https://b.kyverno.svc.k0smotron.svc/")), "b stays rewritten")
 
-	changed, err = RestoreWebhook(c, "c.kyverno.svc", me)
+	changed, err = restoreWebhook(c, "c.kyverno.svc", me)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(changed).To(BeFalse(), "c is the other bridge's")
 
-	_, err = RestoreWebhook(c, "b.kyverno.svc", me)
+	_, err = restoreWebhook(c, "b.kyverno.svc", me)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(records(g, c)).To(HaveLen(1))
-	_, err = RestoreWebhook(c, "c.kyverno.svc", other)
+	_, err = restoreWebhook(c, "c.kyverno.svc", other)
 	g.Expect(err).NotTo(HaveOccurred())
 	expectSameObject(g, c, &original)
 }
@@ -463,7 +516,7 @@ func TestRewriteRestoreAPIServiceRoundTrip(t *testing.T) {
 			ref := ref
 			ref.Namespace = original.Spec.Service.Namespace
 
-			changed, err := RewriteAPIService(a, ref, me)
+			changed, err := rewriteAPIService(a, ref, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeTrue())
 			g.Expect(a.Spec.Service).To(Equal(&ref))
@@ -476,7 +529,7 @@ func TestRewriteRestoreAPIServiceRoundTrip(t *testing.T) {
 
 			// Again: nothing to do.
 			rewritten := a.DeepCopy()
-			changed, err = RewriteAPIService(a, ref, me)
+			changed, err = rewriteAPIService(a, ref, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeFalse())
 			g.Expect(a).To(Equal(rewritten))
@@ -490,13 +543,13 @@ func TestRewriteRestoreAPIServiceRoundTrip(t *testing.T) {
 				a.Spec.CABundle, want.Spec.CABundle = []byte("ca-2"), []byte("ca-2")
 			}
 
-			changed, err = RestoreAPIService(a, me)
+			changed, err = restoreAPIService(a, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeTrue())
 			g.Expect(a.Annotations).NotTo(HaveKey(guestnetv1.BridgeOriginalAnnotation))
 			expectSameObject(g, a, want)
 
-			changed, err = RestoreAPIService(a, me)
+			changed, err = restoreAPIService(a, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(BeFalse())
 		})
@@ -507,7 +560,7 @@ func TestRewriteAPIService(t *testing.T) {
 	ref := *apiRef(msNS, msSvc+"-guestnet", 443)
 	rewritten := func(t *testing.T, bridge string) *apiregistrationv1.APIService {
 		a := metricsAPIService()
-		if _, err := RewriteAPIService(a, ref, bridge); err != nil {
+		if _, err := rewriteAPIService(a, ref, bridge); err != nil {
 			t.Fatal(err)
 		}
 		return a
@@ -554,13 +607,13 @@ func TestRewriteAPIService(t *testing.T) {
 			ref: ref, wantChanged: true, wantOriginal: apiRef(msNS, "metrics-server-v2", 0),
 		},
 		{
-			name: "unreadable record",
+			name: "unreadable record annotation replaced",
 			api: func(*testing.T) *apiregistrationv1.APIService {
 				a := metricsAPIService()
 				a.Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: "x"}
 				return a
 			},
-			ref: ref, wantErr: "is not guestnet's",
+			ref: ref, wantChanged: true, wantOriginal: apiRef(msNS, msSvc, 443),
 		},
 	}
 	for _, tt := range tests {
@@ -568,7 +621,7 @@ func TestRewriteAPIService(t *testing.T) {
 			g := NewWithT(t)
 			a := tt.api(t)
 			before := a.DeepCopy()
-			changed, err := RewriteAPIService(a, tt.ref, me)
+			changed, err := rewriteAPIService(a, tt.ref, me)
 			if tt.wantErr != "" {
 				g.Expect(err).To(MatchError(ContainSubstring(tt.wantErr)))
 				g.Expect(a).To(Equal(before))
@@ -584,7 +637,7 @@ func TestRewriteAPIService(t *testing.T) {
 			rec := records(g, a)[a.Name]
 			g.Expect(string(rec.Original)).To(MatchJSON(mustJSON(t, tt.wantOriginal)))
 
-			_, err = RestoreAPIService(a, me)
+			_, err = restoreAPIService(a, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(a.Spec.Service).To(Equal(tt.wantOriginal))
 		})
@@ -595,7 +648,7 @@ func TestRestoreAPIService(t *testing.T) {
 	ref := *apiRef(msNS, msSvc+"-guestnet", 443)
 	rewritten := func(t *testing.T, bridge string) *apiregistrationv1.APIService {
 		a := metricsAPIService()
-		if _, err := RewriteAPIService(a, ref, bridge); err != nil {
+		if _, err := rewriteAPIService(a, ref, bridge); err != nil {
 			t.Fatal(err)
 		}
 		return a
@@ -642,7 +695,7 @@ func TestRestoreAPIService(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
 			a := tt.api(t)
-			changed, err := RestoreAPIService(a, me)
+			changed, err := restoreAPIService(a, me)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(changed).To(Equal(tt.wantChanged))
 			g.Expect(a.Spec.Service).To(Equal(tt.wantService))

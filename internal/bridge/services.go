@@ -89,6 +89,7 @@ func (p *Plan) Block(b *Backend, reason, message string) {
 		tp.Reason, tp.Message = reason, message
 		tp.Bridged = false
 		tp.Action = NoAction
+		tp.Desired = tp.Own // nothing is written: the record stays as it is, if any
 	}
 }
 

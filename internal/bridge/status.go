@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -18,6 +19,7 @@ const maxListed = 5
 
 // bridgedReasons orders the reasons of TargetsBridged=False, most actionable first.
 var bridgedReasons = []string{
+	guestnetv1.RecordUnreadableReason,
 	guestnetv1.TargetClaimedReason,
 	guestnetv1.HostObjectConflictReason,
 	guestnetv1.TargetNotBridgeableReason,
@@ -26,7 +28,11 @@ var bridgedReasons = []string{
 	guestnetv1.GuestServiceNotFoundReason,
 	guestnetv1.TargetNotFoundReason,
 	guestnetv1.WaitingForAvailabilityReason,
+	guestnetv1.TooManyTargetsReason,
 }
+
+// maxListedMessage bounds the message of one target in a condition message.
+const maxListedMessage = guestnetv1.MaxTargetMessage
 
 // reachableReasons orders the reasons of TargetsReachable=False.
 var reachableReasons = []string{
@@ -83,7 +89,7 @@ func TargetStatuses(p *Plan) []guestnetv1.TargetStatus {
 			Name:    tp.Name,
 			Webhook: tp.Webhook,
 			Bridged: tp.Bridged,
-			Message: strings.Join(slices.DeleteFunc(append([]string{tp.Message}, tp.Warnings...), func(s string) bool { return s == "" }), "; "),
+			Message: Truncate(strings.Join(slices.DeleteFunc(append([]string{tp.Message}, tp.Warnings...), func(s string) bool { return s == "" }), "; "), guestnetv1.MaxTargetMessage),
 		}
 		if tp.Service != nil {
 			st.GuestService = tp.Service.Namespace + "/" + tp.Service.Name
@@ -109,7 +115,7 @@ func Counts(p *Plan) (bridged, total int32) {
 			bridged++
 		}
 	}
-	return bridged, int32(len(p.Targets))
+	return bridged, int32(len(p.Targets) + len(p.LeftOut))
 }
 
 // SetTargetsBridgedCondition reports whether every selected target is bridged or left alone
@@ -118,6 +124,22 @@ func SetTargetsBridgedCondition(gwb *guestnetv1.GuestWebhookBridge, p *Plan) {
 	bridged, total := Counts(p)
 	failing := failingTargets(p, bridgedReasons)
 	switch {
+	case len(p.LeftOut) > 0:
+		var names []string
+		for i, t := range p.LeftOut {
+			if i == maxListed {
+				names = append(names, fmt.Sprintf("and %d more", len(p.LeftOut)-maxListed))
+				break
+			}
+			names = append(names, t.String())
+		}
+		msg := fmt.Sprintf("%d targets match the selection; guestnet handles at most %d (those it bridged first, then by kind and name) "+
+			"and leaves the others untouched: left out: %s. Narrow the selection (names, or a selector)",
+			total, guestnetv1.MaxTargets, strings.Join(names, ", "))
+		if len(failing) > 0 {
+			msg += fmt.Sprintf(". Of the others, %d not bridged: %s", len(failing), listTargets(failing))
+		}
+		set(gwb, guestnetv1.TargetsBridgedCondition, metav1.ConditionFalse, guestnetv1.TooManyTargetsReason, msg)
 	case len(failing) > 0:
 		set(gwb, guestnetv1.TargetsBridgedCondition, metav1.ConditionFalse, failing[0].Reason,
 			fmt.Sprintf("%d of %d targets not bridged: %s", len(failing), total, listTargets(failing)))
@@ -165,8 +187,25 @@ func failingTargets(p *Plan, reasons []string) []*TargetPlan {
 				out = append(out, &p.Targets[i])
 			}
 		}
+		for i := range p.Restores {
+			if p.Restores[i].Reason == reason {
+				out = append(out, &p.Restores[i])
+			}
+		}
 	}
 	return out
+}
+
+// Truncate cuts s to at most n bytes (on a character boundary), marking the cut with "...".
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 func listTargets(ts []*TargetPlan) string {
@@ -176,7 +215,7 @@ func listTargets(ts []*TargetPlan) string {
 			parts = append(parts, fmt.Sprintf("and %d more (see status.targets)", len(ts)-maxListed))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%s: %s", tp.Target, tp.Message))
+		parts = append(parts, fmt.Sprintf("%s: %s", tp.Target, Truncate(tp.Message, maxListedMessage)))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -184,13 +223,20 @@ func listTargets(ts []*TargetPlan) string {
 // warnings lists the targets' warnings for a condition message.
 func warnings(p *Plan) string {
 	var parts []string
+	n := 0
 	for _, tp := range p.Targets {
 		for _, w := range tp.Warnings {
-			parts = append(parts, fmt.Sprintf("%s: %s", tp.Target, w))
+			if n < maxListed {
+				parts = append(parts, fmt.Sprintf("%s: %s", tp.Target, w))
+			}
+			n++
 		}
 	}
-	if len(parts) == 0 {
+	if n == 0 {
 		return ""
+	}
+	if n > maxListed {
+		parts = append(parts, fmt.Sprintf("and %d more (see status.targets)", n-maxListed))
 	}
 	return ". Warnings: " + strings.Join(parts, "; ")
 }

@@ -43,10 +43,16 @@ type Target struct {
 	// FailurePolicy and TimeoutSeconds are a webhook's, as the configuration has them.
 	FailurePolicy  *admissionregistrationv1.FailurePolicyType
 	TimeoutSeconds *int32
-	// Record is what guestnet recorded on the object for this target, if anything.
-	Record *Record
+	// Record is the guest copy of a record for this target (the object's annotation), if
+	// there is one; RecordErr says why one that is there cannot be read.
+	Record    *Record
+	RecordErr error
 	// Available is an APIService's Available condition (nil before the aggregator's first check).
 	Available *apiregistrationv1.APIServiceCondition
+
+	// original is the service reference the object holds now, as JSON: what a first rewrite
+	// records.
+	original json.RawMessage
 }
 
 // Key identifies a target within a guest cluster: "<kind>/<name>[/<webhook>]".
@@ -80,20 +86,6 @@ type ServiceRef struct {
 // String is "<namespace>/<name>:<port>".
 func (r ServiceRef) String() string { return fmt.Sprintf("%s/%s:%d", r.Namespace, r.Name, r.Port) }
 
-// Record is what guestnet stores on a guest object, in the same write as the rewrite, for
-// each target it rewrote: which bridge did it, the original service reference exactly as the
-// object held it, and what guestnet wrote in its place (to tell its own value from a later
-// change by someone else).
-type Record struct {
-	// Bridge is the GuestWebhookBridge, "<namespace>/<name>" in the host.
-	Bridge string `json:"bridge"`
-	// Original is the original clientConfig.service (webhooks) or spec.service (APIServices).
-	Original json.RawMessage `json:"original"`
-	// Written is the url (webhooks) or the "<namespace>/<name>:<port>" service (APIServices)
-	// guestnet wrote.
-	Written string `json:"written"`
-}
-
 // Observed is what the guest holds that targets are selected from.
 type Observed struct {
 	APIServices        []apiregistrationv1.APIService
@@ -104,15 +96,25 @@ type Observed struct {
 // Select returns the targets spec selects from what the guest holds, sorted by key: every
 // object named (a Found=false target for each name the guest lacks), every object the label
 // selector matches, and, with all, every object that references a Service or that
-// guestnet rewrote. A selected webhook configuration contributes all of its webhooks.
-func Select(spec *guestnetv1.GuestWebhookBridgeSpec, obs Observed) ([]Target, error) {
+// guestnet rewrote (a record in its annotation or in host). A selected webhook configuration
+// contributes all of its webhooks. The error is a selector that cannot be used.
+func Select(spec *guestnetv1.GuestWebhookBridgeSpec, obs Observed, host HostRecords) ([]Target, error) {
 	var targets []Target
+	recorded := func(kind guestnetv1.TargetKind, o metav1.Object) bool {
+		if hasRecord(o) {
+			return true
+		}
+		prefix := Target{Kind: kind, Name: o.GetName()}.Key()
+		return slices.ContainsFunc(host.Keys(), func(k string) bool { return k == prefix || strings.HasPrefix(k, prefix+"/") })
+	}
 	apiServiceObjs := make([]*apiregistrationv1.APIService, 0, len(obs.APIServices))
 	for i := range obs.APIServices {
 		apiServiceObjs = append(apiServiceObjs, &obs.APIServices[i])
 	}
 	apiServices, err := selectObjects(spec.APIServices, guestnetv1.APIServiceTarget, apiServiceObjs,
-		func(a *apiregistrationv1.APIService) bool { return a.Spec.Service != nil || hasRecord(a) })
+		func(a *apiregistrationv1.APIService) bool {
+			return a.Spec.Service != nil || recorded(guestnetv1.APIServiceTarget, a)
+		})
 	if err != nil {
 		return nil, err
 	}
@@ -121,14 +123,10 @@ func Select(spec *guestnetv1.GuestWebhookBridgeSpec, obs Observed) ([]Target, er
 			targets = append(targets, Target{Kind: guestnetv1.APIServiceTarget, Name: sel.name})
 			continue
 		}
-		t, err := APIServiceTarget(sel.obj)
-		if err != nil {
-			return nil, err
-		}
-		targets = append(targets, t)
+		targets = append(targets, APIServiceTarget(sel.obj))
 	}
 	for _, kind := range []guestnetv1.TargetKind{guestnetv1.ValidatingWebhookTarget, guestnetv1.MutatingWebhookTarget} {
-		configs, err := selectConfigs(spec, kind, obs)
+		configs, err := selectConfigs(spec, kind, obs, func(o client.Object) bool { return recorded(kind, o) })
 		if err != nil {
 			return nil, err
 		}
@@ -137,20 +135,64 @@ func Select(spec *guestnetv1.GuestWebhookBridgeSpec, obs Observed) ([]Target, er
 				targets = append(targets, Target{Kind: kind, Name: sel.name})
 				continue
 			}
-			ts, err := WebhookTargets(sel.obj)
-			if err != nil {
-				return nil, err
-			}
-			targets = append(targets, ts...)
+			targets = append(targets, WebhookTargets(sel.obj)...)
 		}
 	}
 	slices.SortFunc(targets, func(a, b Target) int { return strings.Compare(a.Key(), b.Key()) })
 	return targets, nil
 }
 
-func selectConfigs(spec *guestnetv1.GuestWebhookBridgeSpec, kind guestnetv1.TargetKind, obs Observed) ([]selected[client.Object], error) {
+// AllTargets are the targets of every object the guest holds, selected or not.
+func AllTargets(obs Observed) []Target {
+	var out []Target
+	for i := range obs.APIServices {
+		out = append(out, APIServiceTarget(&obs.APIServices[i]))
+	}
+	for _, obj := range obs.webhookConfigurations() {
+		out = append(out, WebhookTargets(obj)...)
+	}
+	return out
+}
+
+func (obs Observed) webhookConfigurations() []client.Object {
+	var out []client.Object
+	for i := range obs.ValidatingWebhooks {
+		out = append(out, &obs.ValidatingWebhooks[i])
+	}
+	for i := range obs.MutatingWebhooks {
+		out = append(out, &obs.MutatingWebhooks[i])
+	}
+	return out
+}
+
+// Object returns the observed object t belongs to, nil when the guest has none.
+func (obs Observed) Object(t Target) client.Object {
+	switch t.Kind {
+	case guestnetv1.APIServiceTarget:
+		for i := range obs.APIServices {
+			if obs.APIServices[i].Name == t.Name {
+				return &obs.APIServices[i]
+			}
+		}
+	case guestnetv1.ValidatingWebhookTarget:
+		for i := range obs.ValidatingWebhooks {
+			if obs.ValidatingWebhooks[i].Name == t.Name {
+				return &obs.ValidatingWebhooks[i]
+			}
+		}
+	case guestnetv1.MutatingWebhookTarget:
+		for i := range obs.MutatingWebhooks {
+			if obs.MutatingWebhooks[i].Name == t.Name {
+				return &obs.MutatingWebhooks[i]
+			}
+		}
+	}
+	return nil
+}
+
+func selectConfigs(spec *guestnetv1.GuestWebhookBridgeSpec, kind guestnetv1.TargetKind, obs Observed, recorded func(client.Object) bool) ([]selected[client.Object], error) {
 	referencesService := func(o client.Object) bool {
-		if hasRecord(o) {
+		if recorded(o) {
 			return true
 		}
 		return slices.ContainsFunc(webhooksOf(o), func(w webhook) bool { return w.config.Service != nil })
@@ -182,7 +224,7 @@ func selectObjects[T metav1.Object](sel *guestnetv1.TargetSelector, kind guestne
 	}
 	var selector labels.Selector
 	if sel.Selector != nil {
-		s, err := metav1.LabelSelectorAsSelector(sel.Selector)
+		s, err := metav1.LabelSelectorAsSelector(LabelSelector(sel.Selector))
 		if err != nil {
 			return nil, fmt.Errorf("%s selector: %w", kind, err)
 		}
@@ -207,14 +249,23 @@ func selectObjects[T metav1.Object](sel *guestnetv1.TargetSelector, kind guestne
 	return out, nil
 }
 
-// hasRecord reports whether guestnet recorded a rewrite on obj.
-func hasRecord(obj metav1.Object) bool {
-	_, ok := obj.GetAnnotations()[guestnetv1.BridgeOriginalAnnotation]
-	return ok
+// LabelSelector is the metav1.LabelSelector a TargetLabelSelector stands for.
+func LabelSelector(s *guestnetv1.TargetLabelSelector) *metav1.LabelSelector {
+	out := &metav1.LabelSelector{}
+	for k, v := range s.MatchLabels {
+		if out.MatchLabels == nil {
+			out.MatchLabels = map[string]string{}
+		}
+		out.MatchLabels[k] = string(v)
+	}
+	for _, e := range s.MatchExpressions {
+		out.MatchExpressions = append(out.MatchExpressions, metav1.LabelSelectorRequirement{Key: e.Key, Operator: e.Operator, Values: e.Values})
+	}
+	return out
 }
 
 // APIServiceTarget is the target of an APIService.
-func APIServiceTarget(a *apiregistrationv1.APIService) (Target, error) {
+func APIServiceTarget(a *apiregistrationv1.APIService) Target {
 	t := Target{
 		Kind:                  guestnetv1.APIServiceTarget,
 		Name:                  a.Name,
@@ -224,29 +275,21 @@ func APIServiceTarget(a *apiregistrationv1.APIService) (Target, error) {
 	}
 	if s := a.Spec.Service; s != nil {
 		t.Service = &ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: ptr.Deref(s.Port, 443)}
+		t.original, _ = json.Marshal(s) // a ServiceReference always marshals
 	}
 	for i := range a.Status.Conditions {
 		if a.Status.Conditions[i].Type == apiregistrationv1.Available {
 			t.Available = &a.Status.Conditions[i]
 		}
 	}
-	records, err := readRecords(a)
-	if err != nil {
-		return Target{}, err
-	}
-	if r, ok := records[a.Name]; ok {
-		t.Record = &r
-	}
-	return t, nil
+	t.Record, t.RecordErr = readRecordSet(a).get(a.Name)
+	return t
 }
 
 // WebhookTargets are the targets of a webhook configuration, one per webhook.
-func WebhookTargets(obj client.Object) ([]Target, error) {
+func WebhookTargets(obj client.Object) []Target {
 	kind := kindOf(obj)
-	records, err := readRecords(obj)
-	if err != nil {
-		return nil, err
-	}
+	records := readRecordSet(obj)
 	var targets []Target
 	for _, w := range webhooksOf(obj) {
 		t := Target{
@@ -261,13 +304,12 @@ func WebhookTargets(obj client.Object) ([]Target, error) {
 		}
 		if s := w.config.Service; s != nil {
 			t.Service = &ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: ptr.Deref(s.Port, 443), Path: ptr.Deref(s.Path, "")}
+			t.original, _ = json.Marshal(s) // a ServiceReference always marshals
 		}
-		if r, ok := records[w.name]; ok {
-			t.Record = &r
-		}
+		t.Record, t.RecordErr = records.get(w.name)
 		targets = append(targets, t)
 	}
-	return targets, nil
+	return targets
 }
 
 func kindOf(obj client.Object) guestnetv1.TargetKind {
@@ -300,42 +342,4 @@ func webhooksOf(obj client.Object) []webhook {
 		}
 	}
 	return out
-}
-
-// readRecords decodes BridgeOriginalAnnotation: records by webhook name (by the APIService's
-// own name for an APIService).
-func readRecords(obj metav1.Object) (map[string]Record, error) {
-	value, ok := obj.GetAnnotations()[guestnetv1.BridgeOriginalAnnotation]
-	if !ok {
-		return nil, nil
-	}
-	records := map[string]Record{}
-	if err := json.Unmarshal([]byte(value), &records); err != nil {
-		return nil, fmt.Errorf("annotation %s of %s is not guestnet's (%w): remove it to let guestnet bridge the object again",
-			guestnetv1.BridgeOriginalAnnotation, obj.GetName(), err)
-	}
-	return records, nil
-}
-
-// writeRecords stores records in BridgeOriginalAnnotation, or removes it when there are none.
-func writeRecords(obj metav1.Object, records map[string]Record) error {
-	annotations := obj.GetAnnotations()
-	if len(records) == 0 {
-		delete(annotations, guestnetv1.BridgeOriginalAnnotation)
-		if len(annotations) == 0 {
-			annotations = nil // as the object was before guestnet added the record
-		}
-		obj.SetAnnotations(annotations)
-		return nil
-	}
-	value, err := json.Marshal(records) // map keys are sorted: the same records give the same bytes
-	if err != nil {
-		return err
-	}
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
-	annotations[guestnetv1.BridgeOriginalAnnotation] = string(value)
-	obj.SetAnnotations(annotations)
-	return nil
 }

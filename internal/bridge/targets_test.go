@@ -57,7 +57,7 @@ func selectionGuest(t *testing.T) Observed {
 }
 
 func TestSelect(t *testing.T) {
-	kyvernoSelector := &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/part-of": "kyverno"}}
+	kyvernoSelector := &guestnetv1.TargetLabelSelector{MatchLabels: map[string]guestnetv1.LabelValue{"app.kubernetes.io/part-of": "kyverno"}}
 	tests := []struct {
 		name     string
 		spec     guestnetv1.GuestWebhookBridgeSpec
@@ -92,7 +92,7 @@ func TestSelect(t *testing.T) {
 		{
 			name: "by label selector: every webhook of each matching configuration",
 			spec: guestnetv1.GuestWebhookBridgeSpec{
-				APIServices:        &guestnetv1.TargetSelector{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "prometheus-adapter"}}},
+				APIServices:        &guestnetv1.TargetSelector{Selector: &guestnetv1.TargetLabelSelector{MatchLabels: map[string]guestnetv1.LabelValue{"app": "prometheus-adapter"}}},
 				ValidatingWebhooks: &guestnetv1.TargetSelector{Selector: kyvernoSelector},
 				MutatingWebhooks:   &guestnetv1.TargetSelector{Selector: kyvernoSelector},
 			},
@@ -106,7 +106,7 @@ func TestSelect(t *testing.T) {
 		{
 			name: "by set-based selector",
 			spec: guestnetv1.GuestWebhookBridgeSpec{
-				ValidatingWebhooks: &guestnetv1.TargetSelector{Selector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				ValidatingWebhooks: &guestnetv1.TargetSelector{Selector: &guestnetv1.TargetLabelSelector{MatchExpressions: []guestnetv1.TargetLabelSelectorRequirement{
 					{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"webhook", "other"}},
 				}}},
 			},
@@ -162,7 +162,7 @@ func TestSelect(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			targets, err := Select(&tt.spec, selectionGuest(t))
+			targets, err := Select(&tt.spec, selectionGuest(t), HostRecords{})
 			g.Expect(err).NotTo(HaveOccurred())
 
 			var keys, missing []string
@@ -182,7 +182,7 @@ func TestSelect(t *testing.T) {
 }
 
 func TestSelectInvalidSelector(t *testing.T) {
-	bad := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+	bad := &guestnetv1.TargetLabelSelector{MatchExpressions: []guestnetv1.TargetLabelSelectorRequirement{
 		{Key: "app", Operator: "Sometimes", Values: []string{"x"}},
 	}}
 	for _, spec := range []guestnetv1.GuestWebhookBridgeSpec{
@@ -191,24 +191,37 @@ func TestSelectInvalidSelector(t *testing.T) {
 		{MutatingWebhooks: &guestnetv1.TargetSelector{Selector: bad}},
 	} {
 		g := NewWithT(t)
-		_, err := Select(&spec, selectionGuest(t))
+		_, err := Select(&spec, selectionGuest(t), HostRecords{})
 		g.Expect(err).To(HaveOccurred())
 		g.Expect(err.Error()).To(ContainSubstring("selector"))
 	}
 }
 
+// A record annotation that cannot be read does not stop the selection: only the targets it
+// was for carry the error, each on its own (a damaged entry, or an annotation that is not
+// JSON at all).
 func TestSelectUnreadableRecord(t *testing.T) {
 	g := NewWithT(t)
 	obs := selectionGuest(t)
 	obs.ValidatingWebhooks[0].Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: "not json"}
-	_, err := Select(&guestnetv1.GuestWebhookBridgeSpec{ValidatingWebhooks: &guestnetv1.TargetSelector{All: true}}, obs)
-	g.Expect(err).To(MatchError(ContainSubstring("remove it to let guestnet bridge the object again")))
-	g.Expect(err.Error()).To(ContainSubstring(cmSvc))
+	targets, err := Select(&guestnetv1.GuestWebhookBridgeSpec{ValidatingWebhooks: &guestnetv1.TargetSelector{All: true}}, obs, HostRecords{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(targets).NotTo(BeEmpty())
+	for _, tg := range targets {
+		if tg.Name == cmSvc {
+			g.Expect(tg.RecordErr).To(MatchError(ContainSubstring("is not guestnet's JSON")), tg.Key())
+		} else {
+			g.Expect(tg.RecordErr).NotTo(HaveOccurred(), tg.Key())
+		}
+	}
 
 	obs = selectionGuest(t)
-	obs.APIServices[0].Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: "[]"}
-	_, err = Select(&guestnetv1.GuestWebhookBridgeSpec{APIServices: &guestnetv1.TargetSelector{Names: []string{metricsAPI}}}, obs)
-	g.Expect(err).To(MatchError(ContainSubstring(guestnetv1.BridgeOriginalAnnotation)))
+	obs.APIServices[0].Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: `{"` + metricsAPI + `": {"bridge": "k0smotron/bridge", "original": "nope", "written": "x"}}`}
+	targets, err = Select(&guestnetv1.GuestWebhookBridgeSpec{APIServices: &guestnetv1.TargetSelector{Names: []string{metricsAPI}}}, obs, HostRecords{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(targets).To(HaveLen(1))
+	g.Expect(targets[0].Record).To(BeNil())
+	g.Expect(targets[0].RecordErr).To(MatchError(ContainSubstring("its original is not a service reference")))
 }
 
 func TestAPIServiceTarget(t *testing.T) {
@@ -251,8 +264,11 @@ func TestAPIServiceTarget(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			got, err := APIServiceTarget(tt.api)
-			g.Expect(err).NotTo(HaveOccurred())
+			got := APIServiceTarget(tt.api)
+			if tt.api.Spec.Service != nil {
+				g.Expect(string(got.original)).To(MatchJSON(mustJSON(t, tt.api.Spec.Service)))
+			}
+			got.original = nil
 			g.Expect(got).To(Equal(tt.want))
 		})
 	}
@@ -263,15 +279,13 @@ func TestAPIServiceTarget(t *testing.T) {
 		a.Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: mustJSON(t, map[string]Record{
 			"v1beta1.other.k8s.io": *record(t, me, apiRef(msNS, msSvc, 443), "x"),
 		})}
-		got, err := APIServiceTarget(a)
-		g.Expect(err).NotTo(HaveOccurred())
+		got := APIServiceTarget(a)
 		g.Expect(got.Record).To(BeNil())
 
 		a.Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: mustJSON(t, map[string]Record{
 			metricsAPI: *record(t, me, apiRef(msNS, msSvc, 443), "kube-system/metrics-server-guestnet:443"),
 		})}
-		got, err = APIServiceTarget(a)
-		g.Expect(err).NotTo(HaveOccurred())
+		got = APIServiceTarget(a)
 		g.Expect(got.Record).NotTo(BeNil())
 		g.Expect(got.Record.Bridge).To(Equal(me))
 		g.Expect(got.Record.Written).To(Equal("kube-system/metrics-server-guestnet:443"))
@@ -291,8 +305,7 @@ func TestWebhookTargets(t *testing.T) {
 		"b.kyverno.svc": *record(t, other, whRef("kyverno", "kyverno-svc", 443, "/b"), "https://10.0.0.1:30443/validate"),
 	})}
 
-	targets, err := WebhookTargets(&c)
-	g.Expect(err).NotTo(HaveOccurred())
+	targets := WebhookTargets(&c)
 	g.Expect(targets).To(HaveLen(2))
 
 	a := targets[0]
@@ -313,8 +326,7 @@ func TestWebhookTargets(t *testing.T) {
 	g.Expect(b.Record.Bridge).To(Equal(other))
 
 	m := certManagerMWC()
-	mt, err := WebhookTargets(m)
-	g.Expect(err).NotTo(HaveOccurred())
+	mt := WebhookTargets(m)
 	g.Expect(mt).To(HaveLen(1))
 	g.Expect(mt[0].Kind).To(Equal(guestnetv1.MutatingWebhookTarget))
 	g.Expect(mt[0].IsWebhook()).To(BeTrue())

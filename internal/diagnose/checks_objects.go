@@ -30,6 +30,7 @@ func Diagnose(s *State) *Report {
 		rep.add(checkKonnectivity(s))
 	}
 	for i := range s.Ingresses {
+		rep.add(checkAdmission(s, &s.Ingresses[i]))
 		rep.add(checkGuestIngress(&s.Ingresses[i]))
 	}
 	for i := range s.Bridges {
@@ -121,6 +122,34 @@ func checkGuestIngress(gi *guestnetv1.GuestIngress) Result {
 		[]string{guestnetv1.ClusterAvailableCondition, guestnetv1.GuestServiceReadyCondition, guestnetv1.LoadBalancerReadyCondition,
 			guestnetv1.EndpointsReadyCondition, guestnetv1.PortsDeclaredCondition},
 		"docs/guestingress.md#conditions-what-each-says-and-what-to-do")
+}
+
+// checkAdmission: a GuestIngressPolicy admits the GuestIngress (guestnet fails closed: a
+// GuestIngress no policy admits gets nothing on the host), decided from the policies, pools
+// and namespace as they are now, whatever the GuestIngress's status says.
+func checkAdmission(s *State, gi *guestnetv1.GuestIngress) Result {
+	r := Result{Check: CheckAdmission, Object: gi.Name, Runbook: rbNotAdmitted}
+	if s.AdmissionErr != nil {
+		r.Verdict, r.Detail = Warn, fmt.Sprintf("the GuestIngressPolicies cannot be read (%v), so admission was not checked", s.AdmissionErr)
+		r.Fix = "run diagnose with an identity that may list guestingresspolicies and ciliumloadbalancerippools (the manager's has)"
+		return r
+	}
+	d := s.Admission[gi.Name]
+	if d.Admitted {
+		r.Verdict, r.Detail, r.Runbook = OK, d.Message, ""
+		return r
+	}
+	r.Verdict, r.Detail = Fail, fmt.Sprintf("not admitted (%s): %s", d.Reason, d.Message)
+	switch d.Reason {
+	case guestnetv1.NoPolicyReason:
+		r.Fix = fmt.Sprintf("the host admin creates a GuestIngressPolicy whose namespaceSelector selects namespace %s (e.g. "+
+			"matchLabels kubernetes.io/metadata.name: %s) and admits what the GuestIngress asks for (kubectl get gip)", gi.Namespace, gi.Namespace)
+	case guestnetv1.QuotaExceededReason:
+		r.Fix = "delete another GuestIngress of the namespace, or the host admin raises the policy's maxGuestIngressesPerNamespace"
+	default:
+		r.Fix = "change spec.loadBalancer to what a policy that selects the namespace allows, or the host admin extends that policy (kubectl get gip -o yaml)"
+	}
+	return r
 }
 
 // checkBridge: the GuestWebhookBridge is Ready (every target bridged and reachable), else

@@ -17,6 +17,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -34,7 +35,7 @@ func TestDiagnose_HealthyStateIsAllOK(t *testing.T) {
 		{CheckCluster, ns + "/" + clusterName}, {CheckGuest, ""}, {CheckWorkers, ""},
 		{CheckService, webHostService}, {CheckLoadBalancer, webHostService}, {CheckService, cmHostService}, {CheckService, msHostService},
 		{CheckPorts, mdName}, {CheckTunnel, ""}, {CheckAPIService, metricsAPI}, {CheckValidatingWebhook, cmConfig + "/" + cmWebhook},
-		{CheckKonnectivity, ""}, {CheckGuestIngress, "web"}, {CheckGuestWebhookBridge, bridgeName},
+		{CheckKonnectivity, ""}, {CheckAdmission, "web"}, {CheckGuestIngress, "web"}, {CheckGuestWebhookBridge, bridgeName},
 	} {
 		find(t, rep, item.check, item.object)
 	}
@@ -488,6 +489,33 @@ func TestDiagnose_Konnectivity(t *testing.T) {
 			g.Expect(r.Detail).To(ContainSubstring(tt.detail))
 		})
 	}
+}
+
+// A GuestIngress that no policy admits gets nothing on the host: diagnose says so from the
+// policies as they are, with the fix, whatever the GuestIngress's status says.
+func TestDiagnose_Admission(t *testing.T) {
+	g := NewWithT(t)
+	s := healthy(t)
+	g.Expect(find(t, Diagnose(s), CheckAdmission, "web").Detail).To(Equal("GuestIngressPolicy tenants admits 10.2.6.220"))
+
+	other := tenantsPolicy()
+	other.Spec.NamespaceSelector = metav1.LabelSelector{MatchLabels: map[string]string{"team": "b"}}
+	s.Admission["web"] = policy.Admit(policy.Input{
+		GuestIngress: &s.Ingresses[0],
+		Namespace:    &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		Policies:     []guestnetv1.GuestIngressPolicy{other},
+	})
+	r := find(t, Diagnose(s), CheckAdmission, "web")
+	g.Expect(r.Verdict).To(Equal(Fail))
+	g.Expect(r.Detail).To(ContainSubstring("not admitted (NoPolicy): No GuestIngressPolicy selects namespace k0smotron"))
+	g.Expect(r.Detail).To(ContainSubstring("GuestIngressPolicy tenants would allow it but does not select namespace k0smotron (its namespaceSelector: team=b)"))
+	g.Expect(r.Fix).To(ContainSubstring("matchLabels kubernetes.io/metadata.name: k0smotron"))
+	g.Expect(r.Runbook).To(Equal(rbNotAdmitted))
+
+	s.Admission, s.AdmissionErr = nil, errString(`guestingresspolicies.guestnet.addons.cluster.x-k8s.io is forbidden`)
+	r = find(t, Diagnose(s), CheckAdmission, "web")
+	g.Expect(r.Verdict).To(Equal(Warn))
+	g.Expect(r.Fix).To(ContainSubstring("may list guestingresspolicies"))
 }
 
 func TestDiagnose_GuestnetObjects(t *testing.T) {

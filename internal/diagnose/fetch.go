@@ -23,6 +23,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
@@ -68,6 +69,7 @@ func Gather(ctx context.Context, host client.Reader, o GatherOptions) (*State, e
 	for _, gwb := range consumers.Bridges {
 		s.Bridges = append(s.Bridges, *gwb)
 	}
+	s.Admission, s.AdmissionErr = admission(ctx, host, s.Ingresses)
 	_, annotated := cluster.Annotations[guestnetv1.ExtraWorkerPortsAnnotation]
 	s.Managed = !consumers.Empty() || annotated
 
@@ -103,6 +105,27 @@ func Gather(ctx context.Context, host client.Reader, o GatherOptions) (*State, e
 		return nil, fmt.Errorf("listing the worker MachineDeployments and their templates: %w", err)
 	}
 	return s, nil
+}
+
+// admission decides, for each GuestIngress, what the GuestIngressPolicies admit (nil when
+// there are none).
+func admission(ctx context.Context, host client.Reader, ingresses []guestnetv1.GuestIngress) (map[string]policy.Decision, error) {
+	if len(ingresses) == 0 {
+		return nil, nil
+	}
+	world, err := policy.Observe(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]policy.Decision{}
+	for i := range ingresses {
+		in, err := world.Input(ctx, &ingresses[i])
+		if err != nil {
+			return nil, err
+		}
+		out[ingresses[i].Name] = policy.Admit(in)
+	}
+	return out, nil
 }
 
 // readGuest reads the guest through the Cluster's kubeconfig Secret (or o.GuestConfig). It

@@ -18,6 +18,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
@@ -59,6 +60,11 @@ func healthy(t *testing.T) *State {
 		Managed: true,
 	}
 	s.Ingresses = []guestnetv1.GuestIngress{readyIngress()}
+	s.Admission = map[string]policy.Decision{"web": policy.Admit(policy.Input{
+		GuestIngress: &s.Ingresses[0],
+		Namespace:    &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{corev1.LabelMetadataName: ns}}},
+		Policies:     []guestnetv1.GuestIngressPolicy{tenantsPolicy()},
+	})}
 	s.Bridges = []guestnetv1.GuestWebhookBridge{readyBridge()}
 	for i, ip := range workerIPs {
 		s.Pods = append(s.Pods, workerPod(string(rune('a'+i)), ip, true))
@@ -195,7 +201,8 @@ func chartValidating() *admissionregistrationv1.ValidatingWebhookConfiguration {
 func bridgedValidating(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	t.Helper()
 	vwc := chartValidating()
-	if _, err := bridge.RewriteWebhook(vwc, cmWebhook, hostnames.BridgeURL(ns, cmHostService, 443, "/validate"), bridgeID); err != nil {
+	url := hostnames.BridgeURL(ns, cmHostService, 443, "/validate")
+	if _, err := bridge.RewriteWebhook(vwc, cmWebhook, url, bridge.NewRecord(bridge.WebhookTargets(vwc)[0], bridgeID, url)); err != nil {
 		t.Fatalf("rewriting: %v", err)
 	}
 	return vwc
@@ -223,7 +230,8 @@ func bridgedAPIService(t *testing.T, available apiregistrationv1.ConditionStatus
 	t.Helper()
 	a := chartAPIService(available)
 	ref := apiregistrationv1.ServiceReference{Namespace: msNS, Name: hostnames.BridgeExternalNameService(msSvc), Port: ptr.To[int32](443)}
-	if _, err := bridge.RewriteAPIService(a, ref, bridgeID); err != nil {
+	written := bridge.ServiceRef{Namespace: ref.Namespace, Name: ref.Name, Port: *ref.Port}.String()
+	if _, err := bridge.RewriteAPIService(a, ref, bridge.NewRecord(bridge.APIServiceTarget(a), bridgeID, written)); err != nil {
 		t.Fatalf("rewriting: %v", err)
 	}
 	return a
@@ -233,6 +241,17 @@ func cond(t string, status metav1.ConditionStatus, reason, message string) metav
 	return metav1.Condition{Type: t, Status: status, Reason: reason, Message: message}
 }
 
+// tenantsPolicy admits 10.2.6.0/24 in every namespace, announced on ^eth0$.
+func tenantsPolicy() guestnetv1.GuestIngressPolicy {
+	return guestnetv1.GuestIngressPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "tenants"},
+		Spec: guestnetv1.GuestIngressPolicySpec{
+			Addresses:      []string{"10.2.6.0/24"},
+			L2Announcement: &guestnetv1.L2AnnouncementPolicy{Interfaces: []string{"^eth0$"}},
+		},
+	}
+}
+
 func readyIngress() guestnetv1.GuestIngress {
 	return guestnetv1.GuestIngress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", Generation: 1},
@@ -240,6 +259,7 @@ func readyIngress() guestnetv1.GuestIngress {
 			ClusterName:  clusterName,
 			GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
 			Ports:        []guestnetv1.IngressPort{{Name: "http", Port: 80, NodePort: ptr.To[int32](30080)}, {Name: "https", Port: 443, NodePort: ptr.To[int32](30443)}},
+			LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220", Class: guestnetv1.DefaultLoadBalancerClass},
 		},
 		Status: guestnetv1.GuestIngressStatus{
 			LoadBalancerIP: "10.2.6.220", ReadyEndpoints: 2, HostService: webHostService, ObservedGeneration: 1,

@@ -44,6 +44,7 @@ const (
 	CheckValidatingWebhook  = "validating-webhook"
 	CheckMutatingWebhook    = "mutating-webhook"
 	CheckKonnectivity       = "konnectivity"
+	CheckAdmission          = "admission"
 	CheckGuestIngress       = "guestingress"
 	CheckGuestWebhookBridge = "guestwebhookbridge"
 )

@@ -22,6 +22,7 @@ const (
 	rbWeakened            = runbookDoc + "#weakened-webhook"
 	rbOrphaned            = runbookDoc + "#bridge-gone"
 	rbManager             = runbookDoc + "#manager-not-reconciling"
+	rbNotAdmitted         = runbookDoc + "#ingress-not-admitted"
 )
 
 // Fixes shared by several checks, in the runbook's words.

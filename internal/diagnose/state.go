@@ -7,6 +7,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -40,7 +41,12 @@ type State struct {
 
 	// Ingresses and Bridges are the GuestIngresses and GuestWebhookBridges of the cluster.
 	Ingresses []guestnetv1.GuestIngress
-	Bridges   []guestnetv1.GuestWebhookBridge
+	// Admission is what the GuestIngressPolicies decide for each GuestIngress, by name
+	// (policy.Admit over what was read, as guestnet's controller decides); AdmissionErr says
+	// why the policies or pools could not be read.
+	Admission    map[string]policy.Decision
+	AdmissionErr error
+	Bridges      []guestnetv1.GuestWebhookBridge
 
 	// Guest is what was read from the guest; nil when the Cluster is not provisioned (no
 	// guest apiserver to ask).

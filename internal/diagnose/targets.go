@@ -50,6 +50,16 @@ func (v *TargetView) ViaBridge() bool {
 // not a valid object name, so no real bridge can have it.
 const noBridge = "<none>"
 
+// recordErr is the first record error of a webhook configuration's targets.
+func recordErr(ts []bridge.Target) error {
+	for _, t := range ts {
+		if t.RecordErr != nil {
+			return t.RecordErr
+		}
+	}
+	return nil
+}
+
 // objectError is a guest object whose targets cannot be read (an annotation that is not
 // guestnet's record): reported as such, left out of the classification.
 type objectError struct {
@@ -69,8 +79,8 @@ func Classify(s *State) ([]TargetView, []objectError) {
 	obs := bridge.Observed{}
 	for i := range g.Observed.APIServices {
 		a := &g.Observed.APIServices[i]
-		t, err := bridge.APIServiceTarget(a)
-		if err != nil {
+		t := bridge.APIServiceTarget(a)
+		if err := t.RecordErr; err != nil {
 			errs = append(errs, objectError{Kind: guestnetv1.APIServiceTarget, Name: a.Name, Err: err})
 			continue
 		}
@@ -81,8 +91,8 @@ func Classify(s *State) ([]TargetView, []objectError) {
 	}
 	for i := range g.Observed.ValidatingWebhooks {
 		c := &g.Observed.ValidatingWebhooks[i]
-		ts, err := bridge.WebhookTargets(c)
-		if err != nil {
+		ts := bridge.WebhookTargets(c)
+		if err := recordErr(ts); err != nil {
 			errs = append(errs, objectError{Kind: guestnetv1.ValidatingWebhookTarget, Name: c.Name, Err: err})
 			continue
 		}
@@ -93,8 +103,8 @@ func Classify(s *State) ([]TargetView, []objectError) {
 	}
 	for i := range g.Observed.MutatingWebhooks {
 		c := &g.Observed.MutatingWebhooks[i]
-		ts, err := bridge.WebhookTargets(c)
-		if err != nil {
+		ts := bridge.WebhookTargets(c)
+		if err := recordErr(ts); err != nil {
 			errs = append(errs, objectError{Kind: guestnetv1.MutatingWebhookTarget, Name: c.Name, Err: err})
 			continue
 		}
@@ -112,11 +122,18 @@ func Classify(s *State) ([]TargetView, []objectError) {
 	reach := bridge.GuestReachesServices(g.Agents, g.Observed.APIServices)
 	for i := range s.Bridges {
 		b := &s.Bridges[i]
-		targets, err := bridge.Select(&b.Spec, obs)
+		host := bridge.ReadHostRecords(hostnames.BridgeID(b), b.Status.Records)
+		targets, err := bridge.Select(&b.Spec, obs, host)
 		if err != nil {
 			continue // an invalid selector: the bridge's own conditions say so
 		}
-		in := bridge.Input{Bridge: b, Targets: targets, GuestServices: g.Services}
+		// Every bridge a record names counts as existing: diagnose reports the record's
+		// bridge, the controller decides on take-overs.
+		claimants := map[string]bool{}
+		for _, v := range views {
+			claimants[v.RecordedBy()] = true
+		}
+		in := bridge.Input{Bridge: b, Targets: targets, Host: host, Claimants: claimants, GuestServices: g.Services}
 		if b.Spec.Mode != guestnetv1.BridgeModeAlways {
 			in.Reach = reach
 		}

@@ -1,11 +1,13 @@
 package ingress
 
 import (
+	"net/netip"
 	"testing"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -84,6 +86,36 @@ func TestHostService(t *testing.T) {
 			wantClass:       "io.cilium/bgp-control-plane", wantETP: corev1.ServiceExternalTrafficPolicyLocal,
 			wantLabels: map[string]string{"example.com/tier": "edge"},
 		},
+		{
+			// Defense in depth: admission refuses these keys, and the builder drops them anyway.
+			name: "keys no policy can allow are dropped, whatever the spec says",
+			gi: newGI(func(gi *guestnetv1.GuestIngress) {
+				lb := &gi.Spec.LoadBalancer
+				lb.IP = ""
+				lb.CIDRs = []string{"10.2.6.216/29"}
+				lb.Annotations = map[string]string{
+					"example.com/a":                                 "1",
+					"lbipam.cilium.io/ips":                          "10.0.0.1",
+					"lbipam.cilium.io/sharing-key":                  "victim",
+					"lbipam.cilium.io/sharing-cross-namespace":      "*",
+					"io.cilium/lb-ipam-ips":                         "10.0.0.1",
+					"metallb.io/loadBalancerIPs":                    "10.0.0.1",
+					"metallb.universe.tf/address-pool":              "infra",
+					"guestnet.addons.cluster.x-k8s.io/guestingress": "other/web",
+				}
+				lb.Labels = map[string]string{
+					"example.com/tier":                                        "edge",
+					"service.kubernetes.io/service-proxy-name":                "none",
+					"io.kubernetes.service.namespace":                         "kube-system",
+					"io.kubernetes.service.name":                              "kube-dns",
+					"app.kubernetes.io/managed-by":                            "someone",
+					"guestnet.addons.cluster.x-k8s.io/guestingress-namespace": "other",
+				}
+			}),
+			wantAnnotations: map[string]string{"example.com/a": "1"},
+			wantClass:       "io.cilium/l2-announcer", wantETP: corev1.ServiceExternalTrafficPolicyCluster,
+			wantLabels: map[string]string{"example.com/tier": "edge"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,6 +134,14 @@ func TestHostService(t *testing.T) {
 				{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(30443)},
 			}))
 			g.Expect(svc.Spec.LoadBalancerClass).To(Equal(ptr.To(tt.wantClass)))
+			// No nodePort on any host node: Cilium's load balancer does not need them.
+			g.Expect(svc.Spec.AllocateLoadBalancerNodePorts).To(Equal(ptr.To(false)))
+			for _, p := range svc.Spec.Ports {
+				g.Expect(p.NodePort).To(BeZero())
+			}
+			g.Expect(svc.Spec.HealthCheckNodePort).To(BeZero())
+			g.Expect(svc.Spec.ExternalIPs).To(BeEmpty())
+			g.Expect(svc.Spec.LoadBalancerIP).To(BeEmpty(), "the IP is requested with Cilium's annotation")
 			g.Expect(svc.Spec.ExternalTrafficPolicy).To(Equal(tt.wantETP))
 			g.Expect(svc.Annotations).To(Equal(tt.wantAnnotations))
 			wantLabels := map[string]string{
@@ -168,11 +208,19 @@ func TestL2Policy(t *testing.T) {
 		name     string
 		lb       guestnetv1.LoadBalancerSpec
 		wantSpec map[string]any // nil: no policy
+		wantErr  string
 	}{
 		{
-			name:     "every node and interface",
-			lb:       guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
-			wantSpec: map[string]any{"serviceSelector": selector, "loadBalancerIPs": true},
+			name:    "no interface admitted: no policy that would announce on every interface",
+			lb:      guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+			wantErr: "no host interface",
+		},
+		{
+			name: "interfaces, every node",
+			lb:   guestnetv1.LoadBalancerSpec{IP: "10.2.6.220", L2: &guestnetv1.L2AnnouncementSpec{Interfaces: []string{"^eth0$", "^bond[0-9]+$"}}},
+			wantSpec: map[string]any{
+				"serviceSelector": selector, "loadBalancerIPs": true, "interfaces": []any{"^eth0$", "^bond[0-9]+$"},
+			},
 		},
 		{
 			name: "interfaces and node selector of the announcement",
@@ -202,6 +250,11 @@ func TestL2Policy(t *testing.T) {
 				a = Announcement{Interfaces: l2.Interfaces, NodeSelector: l2.NodeSelector}
 			}
 			policy, err := L2Policy(newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = tt.lb }), a)
+			if tt.wantErr != "" {
+				g.Expect(err).To(MatchError(ContainSubstring(tt.wantErr)))
+				g.Expect(policy).To(BeNil())
+				return
+			}
 			g.Expect(err).NotTo(HaveOccurred())
 			if tt.wantSpec == nil {
 				g.Expect(policy).To(BeNil())
@@ -500,4 +553,135 @@ func TestNodePortHolders(t *testing.T) {
 		"nodePort 30080 (port http) is allocated to Service default/other",
 	}))
 	g.Expect(NodePortHolders(newGI(), []corev1.Service{*self})).To(BeEmpty())
+}
+
+func TestForbiddenHostServiceKey(t *testing.T) {
+	g := NewWithT(t)
+	for _, key := range []string{
+		"lbipam.cilium.io/ips", "lbipam.cilium.io/sharing-key", "lbipam.cilium.io/sharing-cross-namespace",
+		"io.cilium/lb-ipam-ips", "io.cilium/lb-ipam-sharing-key", "metallb.io/loadBalancerIPs", "metallb.universe.tf/allow-shared-ip",
+		"guestnet.addons.cluster.x-k8s.io/guestingress", "app.kubernetes.io/managed-by", "cluster.x-k8s.io/cluster-name",
+		"service.kubernetes.io/service-proxy-name", "io.kubernetes.service.namespace", "io.kubernetes.service.name",
+	} {
+		g.Expect(ForbiddenHostServiceKey(key)).To(BeTrue(), key)
+	}
+	for _, key := range []string{
+		"example.com/team", "app.kubernetes.io/name", "cluster.x-k8s.io/role", "service.kubernetes.io/headless-x",
+		"external-dns.alpha.kubernetes.io/hostname", "io.cilium/global-service", "lbipam.cilium.io", "team",
+	} {
+		g.Expect(ForbiddenHostServiceKey(key)).To(BeFalse(), key)
+	}
+}
+
+func pool(spec map[string]any) *unstructured.Unstructured {
+	p := NewPool()
+	p.SetName("shared")
+	p.Object["spec"] = spec
+	return p
+}
+
+func TestPoolNamespaces(t *testing.T) {
+	tests := []struct {
+		name       string
+		selector   any // nil: no serviceSelector
+		want       []string
+		wantPinned bool
+	}{
+		{name: "no selector selects every Service"},
+		{name: "a label a tenant can set", selector: map[string]any{"matchLabels": map[string]any{"cluster.x-k8s.io/cluster-name": "tenant-a"}}},
+		{name: "guestnet's namespace label (a tenant can put it on a Service of theirs)", selector: map[string]any{"matchLabels": map[string]any{"guestnet.addons.cluster.x-k8s.io/guestingress-namespace": "k0smotron"}}},
+		{name: "by name only: any namespace may have a Service of that name", selector: map[string]any{"matchLabels": map[string]any{"io.kubernetes.service.name": "tenant-a-web"}}},
+		{
+			name: "namespace by matchLabels", selector: map[string]any{"matchLabels": map[string]any{"io.kubernetes.service.namespace": "k0smotron", "tier": "edge"}},
+			want: []string{"k0smotron"}, wantPinned: true,
+		},
+		{
+			name: "namespaces by In",
+			selector: map[string]any{"matchExpressions": []any{
+				map[string]any{"key": "io.kubernetes.service.namespace", "operator": "In", "values": []any{"b", "a"}},
+			}},
+			want: []string{"a", "b"}, wantPinned: true,
+		},
+		{
+			name: "NotIn pins nothing",
+			selector: map[string]any{"matchExpressions": []any{
+				map[string]any{"key": "io.kubernetes.service.namespace", "operator": "NotIn", "values": []any{"kube-system"}},
+			}},
+		},
+		{
+			name: "Exists pins nothing",
+			selector: map[string]any{"matchExpressions": []any{
+				map[string]any{"key": "io.kubernetes.service.namespace", "operator": "Exists"},
+			}},
+		},
+		{
+			name: "two requirements intersect",
+			selector: map[string]any{
+				"matchLabels": map[string]any{"io.kubernetes.service.namespace": "a"},
+				"matchExpressions": []any{
+					map[string]any{"key": "io.kubernetes.service.namespace", "operator": "In", "values": []any{"a", "b"}},
+				},
+			},
+			want: []string{"a"}, wantPinned: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			spec := map[string]any{"blocks": []any{map[string]any{"cidr": "10.2.6.0/24"}}}
+			if tt.selector != nil {
+				spec["serviceSelector"] = tt.selector
+			}
+			got, pinned, err := PoolNamespaces(pool(spec))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(pinned).To(Equal(tt.wantPinned))
+			g.Expect(got).To(Equal(tt.want))
+		})
+	}
+}
+
+func TestPoolRanges(t *testing.T) {
+	g := NewWithT(t)
+	p := pool(map[string]any{"blocks": []any{
+		map[string]any{"cidr": "10.2.6.0/28"},
+		map[string]any{"start": "10.3.0.10", "stop": "10.3.0.20"},
+		map[string]any{"start": "10.4.0.7"}, // a lone address
+		map[string]any{"cidr": "not-a-cidr"},
+	}})
+	ranges := PoolRanges(p)
+	g.Expect(ranges).To(HaveLen(3))
+	in := func(s string) bool { return RangesContain(ranges, netip.MustParseAddr(s)) }
+	g.Expect(in("10.2.6.15")).To(BeTrue())
+	g.Expect(in("10.2.6.16")).To(BeFalse())
+	g.Expect(in("10.3.0.10")).To(BeTrue())
+	g.Expect(in("10.3.0.20")).To(BeTrue())
+	g.Expect(in("10.3.0.21")).To(BeFalse())
+	g.Expect(in("10.4.0.7")).To(BeTrue())
+	g.Expect(in("10.4.0.8")).To(BeFalse())
+	overlaps := func(s string) bool { return RangesOverlap(ranges, netip.MustParsePrefix(s)) }
+	g.Expect(overlaps("10.2.6.8/29")).To(BeTrue())
+	g.Expect(overlaps("10.2.0.0/16")).To(BeTrue())
+	g.Expect(overlaps("10.3.0.0/29")).To(BeFalse())
+	g.Expect(overlaps("10.3.0.16/28")).To(BeTrue())
+	g.Expect(overlaps("10.4.0.7/32")).To(BeTrue())
+	g.Expect(overlaps("10.5.0.0/16")).To(BeFalse())
+}
+
+// The hint guestnet gives when a poolRef pool does not select the host Service never
+// suggests selecting by a label whose value a tenant chooses.
+func TestPoolSelectorHint(t *testing.T) {
+	g := NewWithT(t)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "tenant-a-web", Labels: map[string]string{"cluster.x-k8s.io/cluster-name": "tenant-a"}}}
+	other := pool(map[string]any{"serviceSelector": map[string]any{"matchLabels": map[string]any{"io.kubernetes.service.namespace": "elsewhere"}}})
+	hint := PoolSelectorHint(other, svc)
+	g.Expect(hint).To(ContainSubstring("does not select Service k0smotron/tenant-a-web"))
+	g.Expect(hint).To(ContainSubstring("io.kubernetes.service.namespace: k0smotron"))
+	g.Expect(hint).To(ContainSubstring("io.kubernetes.service.name: tenant-a-web"))
+	g.Expect(hint).To(ContainSubstring("never by a label of the Service such as cluster.x-k8s.io/cluster-name"))
+	g.Expect(hint).NotTo(ContainSubstring("cluster.x-k8s.io/cluster-name=tenant-a"))
+	g.Expect(hint).NotTo(ContainSubstring("spec.loadBalancer.labels"))
+
+	selecting := pool(map[string]any{"serviceSelector": map[string]any{"matchLabels": map[string]any{"io.kubernetes.service.namespace": "k0smotron"}}})
+	g.Expect(PoolSelectorHint(selecting, svc)).To(BeEmpty())
+	g.Expect(PoolSelectorHint(nil, svc)).To(BeEmpty())
 }

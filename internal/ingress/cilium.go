@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -128,10 +129,15 @@ type Announcement struct {
 
 // L2Policy is the CiliumL2AnnouncementPolicy guestnet applies for gi, nil when the host
 // Service's class is not Cilium's L2 announcer. It announces the Service's load-balancer
-// IPs from the nodes and interfaces of the admitted announcement a.
+// IPs (never external IPs) from the nodes and interfaces of the admitted announcement a,
+// and is an error when a names no interface.
 func L2Policy(gi *guestnetv1.GuestIngress, a Announcement) (*unstructured.Unstructured, error) {
 	if !AnnouncesL2(gi) {
 		return nil, nil
+	}
+	if len(a.Interfaces) == 0 {
+		// Cilium reads no interfaces as "every interface": never built, whatever the caller.
+		return nil, fmt.Errorf("no host interface is admitted to announce GuestIngress %s/%s: refusing an L2 announcement policy on every interface", gi.Namespace, gi.Name)
 	}
 	spec := map[string]any{
 		"serviceSelector": ServiceSelector(gi),
@@ -218,4 +224,128 @@ func PrefixesOverlap(a, b []netip.Prefix) bool {
 	return slices.ContainsFunc(a, func(p netip.Prefix) bool {
 		return slices.ContainsFunc(b, p.Overlaps)
 	})
+}
+
+// PoolNamespaces reads which namespaces a pool's serviceSelector pins the Services it
+// selects to: pinned is true when the selector requires io.kubernetes.service.namespace to be
+// one of namespaces (matchLabels, or matchExpressions with In; several requirements
+// intersect). Cilium sets that pseudo-label from the Service's real namespace, over any label
+// of that name, so no tenant can match such a pool from another namespace. Any other
+// selector (none, labels only, a name alone, NotIn, Exists) selects by what a tenant can set
+// or choose, and is not pinned.
+func PoolNamespaces(pool *unstructured.Unstructured) (namespaces []string, pinned bool, err error) {
+	raw, found, err := unstructured.NestedMap(pool.Object, "spec", "serviceSelector")
+	if err != nil || !found {
+		return nil, false, err
+	}
+	ls := &metav1.LabelSelector{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, ls); err != nil {
+		return nil, false, err
+	}
+	var allowed []string
+	restrict := func(values []string) {
+		sorted := slices.Sorted(slices.Values(values))
+		sorted = slices.Compact(sorted)
+		if !pinned {
+			allowed, pinned = sorted, true
+			return
+		}
+		allowed = slices.DeleteFunc(allowed, func(ns string) bool { return !slices.Contains(sorted, ns) })
+	}
+	if ns, ok := ls.MatchLabels[ServiceNamespaceKey]; ok {
+		restrict([]string{ns})
+	}
+	for _, r := range ls.MatchExpressions {
+		if r.Key == ServiceNamespaceKey && r.Operator == metav1.LabelSelectorOpIn {
+			restrict(r.Values)
+		}
+	}
+	if !pinned {
+		return nil, false, nil
+	}
+	return allowed, true, nil
+}
+
+// AddrRange is an inclusive range of addresses, one block of a Cilium pool.
+type AddrRange struct{ From, To netip.Addr }
+
+// Contains reports whether ip lies in r.
+func (r AddrRange) Contains(ip netip.Addr) bool {
+	return ip.BitLen() == r.From.BitLen() && r.From.Compare(ip) <= 0 && ip.Compare(r.To) <= 0
+}
+
+// Overlaps reports whether r and the prefix p share an address.
+func (r AddrRange) Overlaps(p netip.Prefix) bool {
+	first := p.Masked().Addr()
+	if first.BitLen() != r.From.BitLen() {
+		return false
+	}
+	return r.From.Compare(lastAddr(p)) <= 0 && first.Compare(r.To) <= 0
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// PoolRanges reads the blocks of a Cilium pool (cidr, or start with an optional stop) as
+// address ranges; blocks that do not parse are skipped (Cilium refuses them too).
+func PoolRanges(pool *unstructured.Unstructured) []AddrRange {
+	blocks, _, _ := unstructured.NestedSlice(pool.Object, "spec", "blocks")
+	var out []AddrRange
+	for _, b := range blocks {
+		m, ok := b.(map[string]any)
+		if !ok {
+			continue
+		}
+		if c, ok := m["cidr"].(string); ok && c != "" {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, AddrRange{From: p.Masked().Addr(), To: lastAddr(p)})
+			}
+			continue
+		}
+		start, err := netip.ParseAddr(fmt.Sprint(m["start"]))
+		if err != nil {
+			continue
+		}
+		stop := start
+		if s, ok := m["stop"].(string); ok && s != "" {
+			if stop, err = netip.ParseAddr(s); err != nil || stop.BitLen() != start.BitLen() || stop.Less(start) {
+				continue
+			}
+		}
+		out = append(out, AddrRange{From: start, To: stop})
+	}
+	return out
+}
+
+// RangesContain reports whether ip lies in one of ranges.
+func RangesContain(ranges []AddrRange, ip netip.Addr) bool {
+	return slices.ContainsFunc(ranges, func(r AddrRange) bool { return r.Contains(ip) })
+}
+
+// RangesOverlap reports whether p shares an address with one of ranges.
+func RangesOverlap(ranges []AddrRange, p netip.Prefix) bool {
+	return slices.ContainsFunc(ranges, func(r AddrRange) bool { return r.Overlaps(p) })
+}
+
+// PoolSelectorHint explains why a poolRef pool gives the host Service svc no IP, when the
+// pool's serviceSelector does not select it ("" when it does, or pool is nil). The advice is
+// the safe one: select by namespace (and name), never by a label of the Service, whose value
+// (the cluster name, a GuestIngress's labels) a tenant chooses.
+func PoolSelectorHint(pool *unstructured.Unstructured, svc *corev1.Service) string {
+	if pool == nil || svc == nil {
+		return ""
+	}
+	if ok, err := SelectorMatchesService(pool, svc.Labels, svc.Namespace, svc.Name); err != nil || ok {
+		return ""
+	}
+	return fmt.Sprintf("the serviceSelector of CiliumLoadBalancerIPPool %s does not select Service %s/%s; the host admin selects it by "+
+		"namespace (matchLabels %s: %s), or by namespace and name (and %s: %s), never by a label of the Service such as %s, "+
+		"whose value a tenant chooses", pool.GetName(), svc.Namespace, svc.Name, ServiceNamespaceKey, svc.Namespace,
+		ServiceNameKey, svc.Name, hostnames.ClusterNameLabel)
 }

@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -158,20 +157,6 @@ func SetEndpoints(gi *guestnetv1.GuestIngress, namespace, service string, ready,
 			fmt.Sprintf("%d worker virt-launcher pods match %s but none is ready: requests to the IP are refused. "+
 				"Check the worker VMs (kubectl get vmi,pods -n %s -l %s)", total, sel, namespace, sel))
 	}
-}
-
-// poolHint explains why a referenced pool gives the host Service no IP, when its
-// serviceSelector does not select the Service. The advice selects the one Service by Cilium's
-// pseudo-labels: a cluster name is unique within a namespace only.
-func poolHint(gi *guestnetv1.GuestIngress, pool *unstructured.Unstructured, svc *corev1.Service) string {
-	if gi.Spec.LoadBalancer.PoolRef == nil || pool == nil {
-		return ""
-	}
-	if ok, err := SelectorMatchesService(pool, svc.Labels, svc.Namespace, svc.Name); err == nil && !ok {
-		return fmt.Sprintf("the serviceSelector of CiliumLoadBalancerIPPool %s does not select Service %s/%s; the pool's owner can select it "+
-			"with %s=%s and %s=%s", pool.GetName(), svc.Namespace, svc.Name, ServiceNamespaceKey, svc.Namespace, ServiceNameKey, svc.Name)
-	}
-	return ""
 }
 
 // ServiceCondition reads a condition of a Service (status.conditions).

@@ -276,29 +276,11 @@ func ForeignPoolConflict(gi *guestnetv1.GuestIngress, held Claim, foreign []*uns
 	return nil
 }
 
-// PoolBlocks are the ranges of a CiliumLoadBalancerIPPool (spec.blocks: cidr, or start and
-// stop), as prefixes. Blocks that do not parse are skipped.
+// PoolBlocks are the blocks of a CiliumLoadBalancerIPPool (PoolRanges) as prefixes.
 func PoolBlocks(pool *unstructured.Unstructured) []netip.Prefix {
-	blocks, _, _ := unstructured.NestedSlice(pool.Object, "spec", "blocks")
 	var out []netip.Prefix
-	for _, b := range blocks {
-		m, ok := b.(map[string]any)
-		if !ok {
-			continue
-		}
-		if s, ok := m["cidr"].(string); ok {
-			if p, err := netip.ParsePrefix(s); err == nil {
-				out = append(out, p.Masked())
-			}
-			continue
-		}
-		start, _ := m["start"].(string)
-		stop, _ := m["stop"].(string)
-		from, errFrom := netip.ParseAddr(start)
-		to, errTo := netip.ParseAddr(stop)
-		if errFrom == nil && errTo == nil && from.BitLen() == to.BitLen() && from.Compare(to) <= 0 {
-			out = append(out, rangePrefixes(from, to)...)
-		}
+	for _, r := range PoolRanges(pool) {
+		out = append(out, rangePrefixes(r.From, r.To)...)
 	}
 	return out
 }
@@ -321,19 +303,6 @@ func rangePrefixes(from, to netip.Addr) []netip.Prefix {
 		from = lastAddr(p).Next()
 	}
 	return out
-}
-
-// lastAddr is the last address of prefix p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(a)*8; i++ {
-		a[i/8] |= 0x80 >> (i % 8)
-	}
-	last, _ := netip.AddrFromSlice(a)
-	if p.Addr().Is4() {
-		return last.Unmap()
-	}
-	return last
 }
 
 // Overlap reports whether two GuestIngresses ask for address space that collides.

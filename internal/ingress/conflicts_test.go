@@ -244,7 +244,7 @@ func TestEntangled(t *testing.T) {
 	g.Expect(keys).To(ConsistOf("b/web", "c/web", "d/web"))
 }
 
-func pool(name string, blocks ...map[string]any) *unstructured.Unstructured {
+func poolWithBlocks(name string, blocks ...map[string]any) *unstructured.Unstructured {
 	u := NewPool()
 	u.SetName(name)
 	items := make([]any, len(blocks))
@@ -257,7 +257,7 @@ func pool(name string, blocks ...map[string]any) *unstructured.Unstructured {
 
 func TestPoolBlocks(t *testing.T) {
 	g := NewWithT(t)
-	p := pool("p",
+	p := poolWithBlocks("p",
 		map[string]any{"cidr": "10.0.0.1/24"},
 		map[string]any{"start": "10.1.0.3", "stop": "10.1.0.9"},
 		map[string]any{"start": "fd00::", "stop": "fd00::ff"},
@@ -274,8 +274,8 @@ func TestPoolBlocks(t *testing.T) {
 
 func TestForeignPoolConflict(t *testing.T) {
 	g := NewWithT(t)
-	admin := pool("admin", map[string]any{"start": "10.2.6.64", "stop": "10.2.6.95"})
-	other := pool("other", map[string]any{"cidr": "10.9.0.0/16"})
+	admin := poolWithBlocks("admin", map[string]any{"start": "10.2.6.64", "stop": "10.2.6.95"})
+	other := poolWithBlocks("other", map[string]any{"cidr": "10.9.0.0/16"})
 	gi := newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = cidrs("10.2.6.88/29") })
 
 	c := ForeignPoolConflict(gi, Claim{}, []*unstructured.Unstructured{other, admin})

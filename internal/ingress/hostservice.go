@@ -3,6 +3,8 @@ package ingress
 import (
 	"cmp"
 	"maps"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -19,29 +21,58 @@ func Protocol(p guestnetv1.IngressPort) corev1.Protocol {
 	return cmp.Or(p.Protocol, corev1.ProtocolTCP)
 }
 
+// ForbiddenHostServiceKey reports whether a label or annotation key may never reach a host
+// Service from spec.loadBalancer, whatever a GuestIngressPolicy says (the API server also
+// rejects policies that allow it): guestnet's own marks, Cilium LB-IPAM's and MetalLB's IP
+// requests and sharing keys, service.kubernetes.io/service-proxy-name, and Cilium's
+// io.kubernetes.service.* pseudo-labels.
+func ForbiddenHostServiceKey(key string) bool {
+	return slices.Contains(guestnetv1.ForbiddenHostServiceKeys, key) ||
+		slices.ContainsFunc(guestnetv1.ForbiddenHostServiceKeyPrefixes, func(p string) bool { return strings.HasPrefix(key, p) })
+}
+
+// withoutForbiddenKeys copies m without the keys ForbiddenHostServiceKey refuses.
+func withoutForbiddenKeys(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		if !ForbiddenHostServiceKey(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// HostServiceLabels are the labels of gi's host Service: spec.loadBalancer.labels without
+// the forbidden keys, and guestnet's own, which win. Pools and L2 policies match these (with
+// Cilium's pseudo-labels), so admission judges pools against exactly this set.
+func HostServiceLabels(gi *guestnetv1.GuestIngress) map[string]string {
+	svcLabels := withoutForbiddenKeys(gi.Spec.LoadBalancer.Labels)
+	maps.Copy(svcLabels, hostnames.Labels(gi))
+	return svcLabels
+}
+
+// HostServiceAnnotations are the annotations of gi's host Service: spec.loadBalancer.annotations
+// without the forbidden keys, and Cilium LB-IPAM's IP request for spec.loadBalancer.ip.
+func HostServiceAnnotations(gi *guestnetv1.GuestIngress) map[string]string {
+	annotations := withoutForbiddenKeys(gi.Spec.LoadBalancer.Annotations)
+	if ip := gi.Spec.LoadBalancer.IP; ip != "" {
+		annotations[LBIPAMIPsAnnotation] = ip
+	}
+	return annotations
+}
+
 // HostService is the host LoadBalancer Service of gi, as guestnet server-side applies it in
 // gi's namespace: it selects the virt-launcher pods of the Cluster's worker VMs and forwards
 // each port to the guest nodePort behind it (nodePorts: port name -> guest nodePort; every
-// spec port must have one). Everything on it is owned by guestnet's field manager, so a
-// label or annotation the user removes from spec.loadBalancer is removed from the Service on
-// the next apply. gi must have its UID (it is the Service's controller: the garbage
-// collector deletes the Service with it).
+// spec port must have one). It opens no nodePort on the host nodes
+// (allocateLoadBalancerNodePorts: false; only externalTrafficPolicy Local, where a policy
+// admits it, makes the host allocate a health-check nodePort). Everything on it is owned by
+// guestnet's field manager, so a label or annotation the user removes from spec.loadBalancer
+// is removed from the Service on the next apply. gi must have its UID (it is the Service's
+// controller: the garbage collector deletes the Service with it).
 func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) *corev1ac.ServiceApplyConfiguration {
 	lb := gi.Spec.LoadBalancer
-
-	svcLabels := maps.Clone(lb.Labels)
-	if svcLabels == nil {
-		svcLabels = map[string]string{}
-	}
-	maps.Copy(svcLabels, hostnames.Labels(gi))
-
-	annotations := maps.Clone(lb.Annotations)
-	if lb.IP != "" {
-		if annotations == nil {
-			annotations = map[string]string{}
-		}
-		annotations[LBIPAMIPsAnnotation] = lb.IP
-	}
+	annotations := HostServiceAnnotations(gi)
 
 	ports := make([]*corev1ac.ServicePortApplyConfiguration, 0, len(gi.Spec.Ports))
 	for _, p := range gi.Spec.Ports {
@@ -58,7 +89,7 @@ func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) *corev
 	}
 
 	svc := corev1ac.Service(hostnames.HostService(gi), gi.Namespace).
-		WithLabels(svcLabels).
+		WithLabels(HostServiceLabels(gi)).
 		WithOwnerReferences(metav1ac.OwnerReference().
 			WithAPIVersion(guestnetv1.GroupVersion.String()).
 			WithKind("GuestIngress").
@@ -71,6 +102,7 @@ func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) *corev
 			WithSelector(virtlauncher.WorkerSelector(gi.Spec.ClusterName)).
 			WithPorts(ports...).
 			WithLoadBalancerClass(LoadBalancerClass(gi)).
+			WithAllocateLoadBalancerNodePorts(false).
 			WithExternalTrafficPolicy(etp))
 	if len(annotations) > 0 {
 		svc.WithAnnotations(annotations)

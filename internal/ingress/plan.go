@@ -23,8 +23,8 @@ import (
 // pure MakePlan, applies the plan (Result), and derives the status from the three
 // (SetStatus). The controller (controllers/guestingress) does the reading and writing.
 
-// Admission is what internal/policy decided for the GuestIngress (policy.Decision, as the plan
-// reads it: internal/policy builds on this package, so it cannot be named here).
+// Admission is what internal/policy decided for the GuestIngress (policy.Decision is this
+// type: internal/policy builds on this package, so the type lives here).
 type Admission struct {
 	Admitted bool
 	// Policy names the admitting policy ("" when none).

@@ -25,7 +25,7 @@ func observed(mutate ...func(*Observed)) *Observed {
 	o := &Observed{
 		GuestIngress:   gi,
 		Cluster:        &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "tenant-a"}},
-		Admission:      Admission{Admitted: true, Reason: guestnetv1.AdmittedReason},
+		Admission:      Admission{Admitted: true, Reason: guestnetv1.AdmittedReason, Announcement: Announcement{Interfaces: []string{"^eth0$"}}},
 		Self:           Claimant{GuestIngress: gi, Eligible: true},
 		GuestReachable: true,
 		GuestService:   guestSvc(corev1.ServiceTypeClusterIP, sp("http", 80, 0), sp("https", 443, 0)),
@@ -95,7 +95,7 @@ func TestMakePlan(t *testing.T) {
 		{
 			name: "an admin's pool overlaps: refused",
 			o: observed(func(o *Observed) {
-				o.ForeignPools = []*unstructured.Unstructured{pool("admin", map[string]any{"cidr": "10.2.6.0/24"})}
+				o.ForeignPools = []*unstructured.Unstructured{poolWithBlocks("admin", map[string]any{"cidr": "10.2.6.0/24"})}
 			}),
 			wantRefusal: guestnetv1.PoolConflictReason,
 		},
@@ -264,7 +264,7 @@ func TestSetStatus(t *testing.T) {
 		{
 			name: "refused, objects kept: what they do is reported",
 			o: observed(func(o *Observed) {
-				o.ForeignPools = []*unstructured.Unstructured{pool("admin", map[string]any{"cidr": "10.2.6.0/24"})}
+				o.ForeignPools = []*unstructured.Unstructured{poolWithBlocks("admin", map[string]any{"cidr": "10.2.6.0/24"})}
 				o.HostService = ready
 			}),
 			result: func(o *Observed, _ *Plan) *Result {

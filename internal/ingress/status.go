@@ -172,7 +172,7 @@ func setLoadBalancerStatus(gi *guestnetv1.GuestIngress, o *Observed, p *Plan, r 
 	case r.HostService == nil:
 		SetHostServicePending(gi, hostnames.HostService(gi))
 	case gi.Status.LoadBalancerIP == "":
-		SetIPPending(gi, r.HostService, ServiceCondition(r.HostService, IPAMRequestSatisfiedCondition), poolHint(gi, o.RefPool, r.HostService))
+		SetIPPending(gi, r.HostService, ServiceCondition(r.HostService, IPAMRequestSatisfiedCondition), PoolSelectorHint(o.RefPool, r.HostService))
 	default:
 		SetLoadBalancerReady(gi, r.HostService, gi.Status.LoadBalancerIP, poolName, policyName)
 	}

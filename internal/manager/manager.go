@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/secret"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingresspolicy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
@@ -184,6 +185,13 @@ func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 	if err := SetupWorkerPorts(ctx, mgr, clusterCache, o); err != nil {
 		return err
 	}
+	if o.WatchNamespace == "" {
+		// A manager limited to one namespace cannot count what a cluster-scoped policy
+		// admits: it leaves the policies' status to one that sees every namespace.
+		if err := SetupGuestIngressPolicy(ctx, mgr, clusterCache, o); err != nil {
+			return err
+		}
+	}
 	if feature.Gates.Enabled(feature.ClusterTopologyVariables) {
 		return SetupTopologyVariables(ctx, mgr, clusterCache, o)
 	}
@@ -226,6 +234,18 @@ func SetupGuestIngress(ctx context.Context, mgr ctrl.Manager, clusterCache clust
 		WatchFilterValue: o.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, concurrency(o.GuestIngressConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestIngress controller: %w", err)
+	}
+	return nil
+}
+
+// SetupGuestIngressPolicy registers the controller that reports what each GuestIngressPolicy
+// admits, in its status. It needs a manager that sees every namespace (WatchNamespace empty).
+func SetupGuestIngressPolicy(ctx context.Context, mgr ctrl.Manager, _ clustercache.ClusterCache, o Options) error {
+	if err := (&guestingresspolicy.Reconciler{
+		Client:           mgr.GetClient(),
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, concurrency(1)); err != nil {
+		return fmt.Errorf("setting up GuestIngressPolicy controller: %w", err)
 	}
 	return nil
 }
