@@ -177,9 +177,10 @@ release: release-manifests image ## Write everything a release carries into RELE
 
 ##@ Image
 
-# build_step WHAT,COMMAND says what it builds, runs COMMAND and says how long it took.
-# (COMMAND must not contain a comma.)
-build_step = start=$$(date +%s); echo "==> building $(1)" >&2; $(2); \
+# build_step WHAT,COMMAND says what it builds, runs COMMAND (in a subshell: a `cd` stays in
+# it) and says how long it took; a failing COMMAND fails the step. (COMMAND must not contain
+# a comma.)
+build_step = start=$$(date +%s); echo "==> building $(1)" >&2; ( $(2) ) || exit $$?; \
 	secs=$$(( $$(date +%s) - start )); printf '==> built %s in %dm%02ds\n' "$(1)" $$((secs / 60)) $$((secs % 60)) >&2
 
 MANAGER_BINARIES := $(foreach p,$(IMAGE_PLATFORMS),bin/manager-$(subst /,-,$(p)))
@@ -231,21 +232,21 @@ host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and
 	@hack/ensure-host-tools.sh
 
 $(ETCD):
-	cd hack/tools/etcd && go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@
+	@$(call build_step,etcd (hack/tools/etcd),cd hack/tools/etcd && go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
 
 $(K8S_BIN)/%:
-	cd hack/tools/k8s && go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$* && mv $@.tmp $@
+	@$(call build_step,$* (hack/tools/k8s),cd hack/tools/k8s && go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$* && mv $@.tmp $@)
 
 $(CRD_DIR)/.complete:
 	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION)
 
 $(CERT_MANAGER_BIN)/cert-manager-%:
 	mkdir -p $(dir $@)
-	cd hack/tools/cert-manager && go build -trimpath -ldflags "$(CERT_MANAGER_LDFLAGS)" -o $@.tmp github.com/cert-manager/cert-manager/cmd/$* && mv $@.tmp $@
+	@$(call build_step,cert-manager $* (hack/tools/cert-manager),cd hack/tools/cert-manager && go build -trimpath -ldflags "$(CERT_MANAGER_LDFLAGS)" -o $@.tmp github.com/cert-manager/cert-manager/cmd/$* && mv $@.tmp $@)
 
 $(METRICS_SERVER):
 	mkdir -p $(dir $@)
-	cd hack/tools/metrics-server && go build -trimpath -ldflags "$(METRICS_SERVER_LDFLAGS)" -o $@.tmp sigs.k8s.io/metrics-server/cmd/metrics-server && mv $@.tmp $@
+	@$(call build_step,metrics-server (hack/tools/metrics-server),cd hack/tools/metrics-server && go build -trimpath -ldflags "$(METRICS_SERVER_LDFLAGS)" -o $@.tmp sigs.k8s.io/metrics-server/cmd/metrics-server && mv $@.tmp $@)
 
 $(CERT_MANAGER_BIN)/crds/.complete:
 	hack/fetch-thirdparty-manifests.sh cert-manager $(CERT_MANAGER_BIN) $(CERT_MANAGER_VERSION)
@@ -260,7 +261,7 @@ $(CLUSTERCTL):
 	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api $(CLUSTERCTL_VERSION)$$' hack/tools/clusterctl/go.mod || \
 		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
 	mkdir -p $(dir $@)
-	cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@
+	@$(call build_step,clusterctl $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@)
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)
@@ -270,10 +271,10 @@ clusterctl: $(CLUSTERCTL_ASSETS) ## Build clusterctl (CLUSTERCTL_VERSION, the CA
 	@echo $(CLUSTERCTL)
 
 $(CONTROLLER_GEN):
-	GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	@$(call build_step,controller-gen $(CONTROLLER_GEN_VERSION),GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION))
 
 $(KUSTOMIZE):
-	GOBIN=$(dir $@) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	@$(call build_step,kustomize $(KUSTOMIZE_VERSION),GOBIN=$(dir $@) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION))
 
 .PHONY: tools
 tools: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Install controller-gen and kustomize.

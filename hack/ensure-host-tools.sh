@@ -17,4 +17,6 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   exit 1
 fi
 echo "==> installing $pkgs (apt-get)" >&2
+SECONDS=0
 apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs
+printf '==> installed %s in %dm%02ds\n' "$pkgs" $((SECONDS / 60)) $((SECONDS % 60)) >&2
