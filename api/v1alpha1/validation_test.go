@@ -639,7 +639,7 @@ func expressions(n int) string {
 	return "[" + strings.Join(items, ", ") + "]"
 }
 
-// names returns n distinct APIService names as a YAML flow list.
+// labels returns n distinct labels as a YAML flow map.
 func labels(n int) string {
 	parts := make([]string, n)
 	for i := range parts {
@@ -648,14 +648,7 @@ func labels(n int) string {
 	return "{" + strings.Join(parts, ", ") + "}"
 }
 
-func expressions(n int) string {
-	parts := make([]string, n)
-	for i := range parts {
-		parts[i] = fmt.Sprintf("{key: k%d, operator: Exists}", i)
-	}
-	return "[" + strings.Join(parts, ", ") + "]"
-}
-
+// names returns n distinct APIService names as a YAML flow list.
 func names(n int) string {
 	items := make([]string, n)
 	for i := range items {

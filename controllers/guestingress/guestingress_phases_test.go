@@ -97,6 +97,8 @@ func TestReconcileNormalChangesNothingWhileTheGuestIsUnreachable(t *testing.T) {
 	}, Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "10.2.6.220"}}}}}
 	kubeconfig := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "tenant-a-kubeconfig"}}
 	r := newFakeReconciler(t, hostSvc, kubeconfig, cluster.DeepCopy(), gi.DeepCopy())
+	// Admitted, so that only the unreachable guest can keep things as they are.
+	r.Admit = func(policy.Input) policy.Decision { return policy.Decision{Admitted: true, Policy: "all"} }
 	var writes []string
 	r.Client = interceptor.NewClient(r.Client.(client.WithWatch), interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
