@@ -407,10 +407,11 @@ func TestGuestIngressInvariants_SkipGuestCleanupGivesUpOnAnUnreachableGuest(t *t
 	e.g.Expect(ev.Note).To(ContainSubstring("Service %s/envoy", e.guestNS))
 }
 
-// Values admission cannot check (an l2 interface that is no regular expression, a label value
-// the apiserver refuses) are a condition, not a reconcile error: LoadBalancerReady and Ready
-// say what is wrong for the current generation, and nothing on the host changes until it is
-// corrected.
+// Values admission cannot check are a condition, not a reconcile error. An l2 interface that is
+// no regular expression cannot be on any policy's list (a policy's interfaces are checked), so
+// the policy refuses it first: Admitted says so and nothing is created on the host. A label
+// value the apiserver would refuse makes LoadBalancerReady and Ready say what is wrong for the
+// current generation, and nothing on the host changes until it is corrected.
 func TestGuestIngressInvariants_InputAdmissionCannotCheckIsACondition(t *testing.T) {
 	t.Parallel()
 	e := newPhaseEnv(t, envOptions{})
@@ -419,24 +420,29 @@ func TestGuestIngressInvariants_InputAdmissionCannotCheckIsACondition(t *testing
 	gi := e.createGuestIngress("web", gc.Name, func(gi *guestnetv1.GuestIngress) {
 		gi.Spec.LoadBalancer.L2 = &guestnetv1.L2AnnouncementSpec{Interfaces: []string{"^eth[0-9+$"}}
 	})
-	c := e.eventuallyConditionMessage(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.InvalidSpecReason, "spec.loadBalancer.l2.interfaces[0]")
-	e.g.Expect(c.Message).To(ContainSubstring("^eth[0-9+$"))
+	c := e.eventuallyConditionMessage(gi, guestnetv1.AdmittedCondition, metav1.ConditionFalse, guestnetv1.NotAllowedReason, "^eth[0-9+$")
+	e.g.Expect(c.Message).To(ContainSubstring("GuestIngressPolicy " + lab.LabPolicyName))
 	got := e.eventuallyObserved(gi)
-	e.g.Expect(conditions.GetReason(got, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.InvalidSpecReason))
+	e.g.Expect(conditions.GetReason(got, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.NotAllowedReason))
 	for _, kind := range []string{ingress.PoolGVK.Kind, ingress.L2PolicyGVK.Kind} {
 		_, err := e.tryGetCilium(kind, e.ns+".tenant-a-web")
 		e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), kind)
 	}
+	_, err := e.tryGetHostService("tenant-a-web")
+	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "host Service")
 
-	e.updateGuestIngress(gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.L2.Interfaces = []string{"^eth[0-9]+$"} })
+	e.updateGuestIngress(gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.L2.Interfaces = []string{"^eth0$"} })
 	e.eventuallyReady(gi)
 	rv := e.getHostService("tenant-a-web").ResourceVersion
 
-	e.updateGuestIngress(gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.Labels = map[string]string{"team": "web edge"} })
-	c = e.eventuallyConditionMessage(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.InvalidSpecReason, "spec.loadBalancer.labels[team]")
-	e.eventuallyObserved(gi)
+	const key = "test.guestnet.dev/team" // a key the lab's policy lets through
+	e.updateGuestIngress(gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.Labels = map[string]string{key: "web edge"} })
+	c = e.eventuallyConditionMessage(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.InvalidSpecReason, "spec.loadBalancer.labels["+key+"]")
+	e.g.Expect(c.Message).To(ContainSubstring("web edge"))
+	got = e.eventuallyObserved(gi)
+	e.g.Expect(conditions.GetReason(got, guestnetv1.ReadyCondition)).To(Equal(guestnetv1.InvalidSpecReason))
 	e.g.Expect(e.getHostService("tenant-a-web").ResourceVersion).To(Equal(rv), "the host Service changed")
-	e.updateGuestIngress(gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.Labels = map[string]string{"team": "web-edge"} })
+	e.updateGuestIngress(gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.Labels = map[string]string{key: "web-edge"} })
 	e.eventuallyReady(gi)
 }
 

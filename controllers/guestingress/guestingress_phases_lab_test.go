@@ -411,8 +411,9 @@ func TestGuestIngressPhases_PoolRef(t *testing.T) {
 	}
 	e.g.Expect(e.host.Create(e.ctx, pool)).To(Succeed())
 	t.Cleanup(func() { _ = e.host.Delete(context.Background(), pool) })
-	c = e.eventuallyCondition(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPPendingReason)
-	e.g.Expect(c.Message).To(ContainSubstring("does not select Service %s/tenant-a-web", e.ns))
+	// IPPending says first that the host Service waits for the guest's nodePorts, then why no IP.
+	e.eventuallyConditionMessage(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPPendingReason,
+		fmt.Sprintf("does not select Service %s/tenant-a-web", e.ns))
 
 	e.g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		live := ingress.NewPool()

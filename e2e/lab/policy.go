@@ -24,7 +24,8 @@ const LabPolicyName = "lab"
 const NoLabPolicyLabel = "test.guestnet.dev/no-lab-policy"
 
 // LabPolicy admits, in every namespace without NoLabPolicyLabel: the lab's load-balancer range
-// (LoadBalancerCIDR) and the documentation's 10.2.6.0/24; Cilium's L2 announcer on ^eth0$ and
+// (LoadBalancerCIDR), the documentation's 10.2.6.0/24 and 10.3.0.0/16 (where the controllers'
+// shared tests draw one IP per GuestIngress, apart from every other test's); Cilium's L2 announcer on ^eth0$ and
 // ^bond[0-9]+$ of every node, and the BGP control plane; Cluster and Local traffic; the
 // annotation and label keys the tests write (example.com/*, test.guestnet.dev/*, a, b, c, x,
 // y, new). No shared pool and no cap.
@@ -36,7 +37,7 @@ func LabPolicy() *guestnetv1.GuestIngressPolicy {
 			NamespaceSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 				{Key: NoLabPolicyLabel, Operator: metav1.LabelSelectorOpDoesNotExist},
 			}},
-			Addresses:           []string{LoadBalancerCIDR, "10.2.6.0/24"},
+			Addresses:           []string{LoadBalancerCIDR, "10.2.6.0/24", "10.3.0.0/16"},
 			LoadBalancerClasses: []string{guestnetv1.DefaultLoadBalancerClass, "io.cilium/bgp-control-plane"},
 			L2Announcement: &guestnetv1.L2AnnouncementPolicy{
 				Interfaces: []string{"^eth0$", "^bond[0-9]+$"},
