@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -439,8 +440,12 @@ func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
 			return err
 		}
 		if applied {
+			repair := repairKind(gi, metrics.RepairHostService)
+			if !slices.Equal(gi.Status.Ports, p.Ports) {
+				repair = "" // following nodePorts the guest changed is no repair
+			}
 			clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
-				Object: svc, Repair: repairKind(gi, metrics.RepairHostService),
+				Object: svc, Repair: repair,
 				Note: fmt.Sprintf("Applied host Service %s (type %s, ports %s)", svc.Name, svc.Spec.Type, hostPorts(gi, ingress.NodePortMap(p.Ports)))})
 		}
 		res.HostService = svc
