@@ -66,7 +66,7 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 				reasons = append(reasons, reason)
 			}
 			notes[reason] = append(notes[reason], note)
-			if k := repairOf(tp); k != "" && repairs[reason] != metrics.RepairKindOfTarget(tp.Kind) {
+			if k := repairOf(s.bridge, tp); k != "" && repairs[reason] != metrics.RepairKindOfTarget(tp.Kind) {
 				repairs[reason] = k // the target itself over its record: one repair per write
 			}
 		}
@@ -99,16 +99,34 @@ func changeNote(tp *bridge.TargetPlan) (reason, note string) {
 }
 
 // repairOf is the kind of repair a change to a target is: a target that no longer pointed at
-// the bridge, or its record on the guest object; empty for anything else (a first rewrite, a
-// restore, a takeover from a bridge that is gone).
-func repairOf(tp *bridge.TargetPlan) metrics.RepairKind {
-	if reason, _ := changeNote(tp); reason != eventRepaired || tp.TookOverFrom != "" {
-		return ""
-	}
-	if tp.RecordOnly {
+// the bridge (a Helm upgrade that replaced the whole object is seen as a new target: it
+// counts when the bridge's status says it was bridged, see wasBridged), or its record on
+// the guest object; empty for anything else (a first rewrite, a restore, a takeover from a
+// bridge that is gone).
+func repairOf(gwb *guestnetv1.GuestWebhookBridge, tp *bridge.TargetPlan) metrics.RepairKind {
+	reason, _ := changeNote(tp)
+	switch {
+	case reason == eventRepaired && tp.TookOverFrom == "" && tp.RecordOnly:
 		return metrics.RepairBridgeRecord
+	case reason == eventRepaired && tp.TookOverFrom == "",
+		reason == eventBridged && wasBridged(gwb, tp.Target):
+		return metrics.RepairKindOfTarget(tp.Kind)
 	}
-	return metrics.RepairKindOfTarget(tp.Kind)
+	return ""
+}
+
+// wasBridged reports whether the status, computed for the current spec, says the bridge had
+// pointed t at itself.
+func wasBridged(gwb *guestnetv1.GuestWebhookBridge, t bridge.Target) bool {
+	if gwb.Generation != gwb.Status.ObservedGeneration {
+		return false
+	}
+	for _, st := range gwb.Status.Targets {
+		if st.Kind == t.Kind && st.Name == t.Name && st.Webhook == t.Webhook && st.Bridged && (st.URL != "" || st.HostService != "") {
+			return true
+		}
+	}
+	return false
 }
 
 // recordWrite logs a write guestnet made, at the default level, and records it as an event

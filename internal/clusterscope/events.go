@@ -121,7 +121,7 @@ const maxWriteNote = 1000
 // every write guestnet makes goes through here, as CAPI's controllers log and record theirs.
 // A nil recorder (unit tests) only logs.
 func RecordWrite(ctx context.Context, recorder events.EventRecorder, regarding client.Object, w Write) {
-	log := ctrl.LoggerFrom(ctx)
+	log := ctrl.LoggerFrom(ctx).WithCallDepth(1) // the line of the caller, not this one
 	kv := []any{"reason", w.Reason, "action", w.Action}
 	if w.Object != nil {
 		kv = append(kv, kindOf(w.Object), klog.KObj(w.Object))
