@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/flags"
@@ -28,6 +29,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
 
@@ -155,6 +157,11 @@ func run(ctx context.Context, opts *options) error {
 	}
 	if err := manager.SetupReconcilers(ctx, mgr, clusterCache, opts.wiring); err != nil {
 		return err
+	}
+	// guestnet's gauges, computed from the manager's cache on every scrape (internal/metrics);
+	// its counters register themselves.
+	if err := ctrlmetrics.Registry.Register(&metrics.Collector{Reader: mgr.GetCache(), Elected: mgr.Elected()}); err != nil {
+		return fmt.Errorf("registering guestnet's metrics: %w", err)
 	}
 
 	setupLog.Info("Starting manager")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +26,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
@@ -404,8 +406,9 @@ func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
 	case err != nil:
 		return fmt.Errorf("applying Service %s in the guest: %w", key, err)
 	}
-	r.event(ctx, gi, corev1.EventTypeNormal, eventApplied, eventActionApply,
-		"Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, hostnames.FieldManager)
+	clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
+		Object: applied, Repair: repairKind(gi, metrics.RepairGuestService),
+		Note: fmt.Sprintf("Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, hostnames.FieldManager)})
 	res.GuestService = applied
 	return nil
 }
@@ -437,8 +440,13 @@ func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
 			return err
 		}
 		if applied {
-			r.event(ctx, gi, corev1.EventTypeNormal, eventApplied, eventActionApply, "Applied host Service %s (type %s, ports %s)",
-				svc.Name, svc.Spec.Type, hostPorts(gi, ingress.NodePortMap(p.Ports)))
+			repair := repairKind(gi, metrics.RepairHostService)
+			if !slices.Equal(gi.Status.Ports, p.Ports) {
+				repair = "" // following nodePorts the guest changed is no repair
+			}
+			clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
+				Object: svc, Repair: repair,
+				Note: fmt.Sprintf("Applied host Service %s (type %s, ports %s)", svc.Name, svc.Spec.Type, hostPorts(gi, ingress.NodePortMap(p.Ports)))})
 		}
 		res.HostService = svc
 	}
@@ -463,7 +471,12 @@ func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live, 
 	if err != nil {
 		return fmt.Errorf("applying %s %s: %w", desired.GetKind(), desired.GetName(), err)
 	}
-	r.event(ctx, s.guestIngress, corev1.EventTypeNormal, eventApplied, eventActionApply, "Applied %s %s", desired.GetKind(), desired.GetName())
+	kind := metrics.RepairPool
+	if desired.GetKind() != ingress.PoolGVK.Kind {
+		kind = metrics.RepairL2Policy
+	}
+	clusterscope.RecordWrite(ctx, r.recorder, s.guestIngress, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
+		Object: applied, Repair: repairKind(s.guestIngress, kind), Note: fmt.Sprintf("Applied %s %s", desired.GetKind(), desired.GetName())})
 	return nil
 }
 
@@ -540,8 +553,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		}
 	}
 	if leftBecause != "" {
-		r.event(ctx, gi, corev1.EventTypeWarning, guestnetv1.GuestGoneReason, eventActionDelete,
-			"%s: guestnet released the GuestIngress without giving back what it changed in the guest. %s", leftBecause, ingress.LeftInGuest(gi))
+		clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeWarning, Reason: guestnetv1.GuestGoneReason, Action: eventActionDelete,
+			Note: fmt.Sprintf("%s: guestnet released the GuestIngress without giving back what it changed in the guest. %s", leftBecause, ingress.LeftInGuest(gi))})
 	}
 	controllerutil.RemoveFinalizer(gi, guestnetv1.GuestIngressFinalizer)
 	return ctrl.Result{}, nil
@@ -587,13 +600,13 @@ func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.Gue
 		case apierrors.IsNotFound(err):
 			return true, nil
 		case apierrors.IsInvalid(err) || apierrors.IsConflict(err) || apierrors.IsBadRequest(err):
-			r.event(ctx, gi, corev1.EventTypeWarning, eventRestored, eventActionRestore,
-				"Could not give %s back to Service %s in the guest, left as it is: %s", patch.What, key, ssa.APIErrorMessage(err))
+			clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeWarning, Reason: eventRestored, Action: eventActionRestore,
+				Object: live, Note: fmt.Sprintf("Could not give %s back to Service %s in the guest, left as it is: %s", patch.What, key, ssa.APIErrorMessage(err))})
 		case err != nil:
 			return false, fmt.Errorf("restoring %s of Service %s in the guest: %w", patch.What, key, err)
 		default:
-			r.event(ctx, gi, corev1.EventTypeNormal, eventRestored, eventActionRestore,
-				"Gave %s back to Service %s in the guest (what it had before guestnet changed it)", patch.What, key)
+			clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventRestored, Action: eventActionRestore,
+				Object: live, Note: fmt.Sprintf("Gave %s back to Service %s in the guest (what it had before guestnet changed it)", patch.What, key)})
 		}
 	}
 	if len(patches) > 0 {
@@ -611,8 +624,8 @@ func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.Gue
 		}
 		return false, fmt.Errorf("releasing Service %s in the guest: %w", key, err)
 	}
-	r.event(ctx, gi, corev1.EventTypeNormal, eventReleased, eventActionApply,
-		"Gave back the fields guestnet applied to Service %s in the guest", key)
+	clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventReleased, Action: eventActionApply,
+		Object: live, Note: fmt.Sprintf("Gave back the fields guestnet applied to Service %s in the guest", key)})
 	return true, nil
 }
 
@@ -647,14 +660,18 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	r.event(ctx, s.guestIngress, eventType, reason, eventActionDelete, "Deleted %s %s: %s", kindOf(obj), key, why)
+	clusterscope.RecordWrite(ctx, r.recorder, s.guestIngress, clusterscope.Write{Type: eventType, Reason: reason, Action: eventActionDelete,
+		Object: obj, Note: fmt.Sprintf("Deleted %s %s: %s", kindOf(obj), key, why)})
 	return nil
 }
 
-// event records an event on the GuestIngress and logs it at the default level: every write
-// guestnet makes is in both.
-func (r *Reconciler) event(ctx context.Context, gi *guestnetv1.GuestIngress, eventType, reason, action, note string, args ...any) {
-	msg := fmt.Sprintf(note, args...)
-	ctrl.LoggerFrom(ctx).Info(msg, "reason", reason)
-	r.recorder.Eventf(gi, nil, eventType, reason, action, "%s", clusterscope.Bound(msg, 1000))
+// repairKind is kind when a write now puts back what someone else changed or deleted: the
+// spec is the one the status was computed for, and that reconcile had built the chain
+// (status.hostService), so guestnet's objects were then as it wants them. (A change of what
+// a policy admits also counts: rare, and also not the tenant's doing.) Empty otherwise.
+func repairKind(gi *guestnetv1.GuestIngress, kind metrics.RepairKind) metrics.RepairKind {
+	if gi.Generation == gi.Status.ObservedGeneration && gi.Status.HostService != "" {
+		return kind
+	}
+	return ""
 }

@@ -11,12 +11,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 )
 
 // writeGuestObjects makes the plan's changes to the guest's APIServices and webhook
@@ -58,15 +59,20 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 		// regarding and related object into one series, whatever their notes say.
 		var reasons []string
 		notes := map[string][]string{}
+		repairs := map[string]metrics.RepairKind{}
 		for _, tp := range done {
 			reason, note := changeNote(tp)
 			if _, ok := notes[reason]; !ok {
 				reasons = append(reasons, reason)
 			}
 			notes[reason] = append(notes[reason], note)
+			if k := repairOf(s.bridge, tp); k != "" && repairs[reason] != metrics.RepairKindOfTarget(tp.Kind) {
+				repairs[reason] = k // the target itself over its record: one repair per write
+			}
 		}
 		for _, reason := range reasons {
-			r.recordWrite(ctx, s.bridge, targetObject(tps[0].Target), corev1.EventTypeNormal, reason, actionRewrite, strings.Join(notes[reason], "; "))
+			clusterscope.RecordWrite(ctx, r.recorder, s.bridge, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: reason, Action: actionRewrite,
+				Object: targetObject(tps[0].Target), Note: strings.Join(notes[reason], "; "), Repair: repairs[reason]})
 		}
 	}
 	return kerrors.NewAggregate(errs)
@@ -92,17 +98,58 @@ func changeNote(tp *bridge.TargetPlan) (reason, note string) {
 	return eventBridged, fmt.Sprintf("Bridged %s: %s", tp.Target, describeRewrite(tp))
 }
 
+// repairOf is the kind of repair a change to a target is: a target that no longer pointed at
+// the bridge (a Helm upgrade that replaced the whole object is seen as a new target: it
+// counts when the bridge's status says it was bridged, see wasBridged), or its record on
+// the guest object; empty for anything else (a first rewrite, a restore, a takeover from a
+// bridge that is gone).
+func repairOf(gwb *guestnetv1.GuestWebhookBridge, tp *bridge.TargetPlan) metrics.RepairKind {
+	reason, _ := changeNote(tp)
+	switch {
+	case reason == eventRepaired && tp.TookOverFrom == "" && tp.RecordOnly:
+		return metrics.RepairBridgeRecord
+	case reason == eventRepaired && tp.TookOverFrom == "",
+		reason == eventBridged && wasBridged(gwb, tp.Target):
+		return metrics.RepairKindOfTarget(tp.Kind)
+	}
+	return ""
+}
+
+// wasBridged reports whether the status, computed for the current spec, says the bridge had
+// pointed t at itself.
+func wasBridged(gwb *guestnetv1.GuestWebhookBridge, t bridge.Target) bool {
+	if gwb.Generation != gwb.Status.ObservedGeneration {
+		return false
+	}
+	for _, st := range gwb.Status.Targets {
+		if st.Kind == t.Kind && st.Name == t.Name && st.Webhook == t.Webhook && st.Bridged && (st.URL != "" || st.HostService != "") {
+			return true
+		}
+	}
+	return false
+}
+
 // recordWrite logs a write guestnet made, at the default level, and records it as an event
-// on the bridge (related: the object written, or nil).
-func (r *Reconciler) recordWrite(ctx context.Context, gwb *guestnetv1.GuestWebhookBridge, related client.Object, eventType, reason, action, note string) {
-	log := ctrl.LoggerFrom(ctx)
-	if related != nil {
-		log = log.WithValues("object", fmt.Sprintf("%T %s", related, client.ObjectKeyFromObject(related)))
+// on the bridge (related: the object written, or nil); repair is set when the write puts back
+// what someone else changed (clusterscope.Write).
+func (r *Reconciler) recordWrite(ctx context.Context, gwb *guestnetv1.GuestWebhookBridge, related client.Object, eventType, reason, action, note string, repair metrics.RepairKind) {
+	clusterscope.RecordWrite(ctx, r.recorder, gwb, clusterscope.Write{Type: eventType, Reason: reason, Action: action, Object: related, Note: note, Repair: repair})
+}
+
+// repairKind is kind when applying a Service of backend hostService now puts back what someone
+// else changed or deleted: the spec is the one the status was computed for, and that status
+// already listed a target through this backend, so its Services were as guestnet wants them.
+// Empty otherwise.
+func repairKind(gwb *guestnetv1.GuestWebhookBridge, hostService string, kind metrics.RepairKind) metrics.RepairKind {
+	if gwb.Generation != gwb.Status.ObservedGeneration {
+		return ""
 	}
-	log.Info(note, "reason", reason)
-	if r.recorder != nil {
-		r.recorder.Eventf(gwb, related, eventType, reason, action, "%s", bridge.Truncate(note, maxEventNote))
+	for _, t := range gwb.Status.Targets {
+		if t.HostService == hostService {
+			return kind
+		}
 	}
+	return ""
 }
 
 // maxEventNote keeps a note within the 1 kB events.k8s.io allows.

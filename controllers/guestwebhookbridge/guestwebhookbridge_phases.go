@@ -35,6 +35,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
@@ -365,7 +366,8 @@ func (r *Reconciler) reconcileHostServices(ctx context.Context, s *scope, plan *
 		}
 		if applied {
 			r.recordWrite(ctx, gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply,
-				fmt.Sprintf("Applied host Service %s for guest Service %s (targetPort = guest nodePort)", key, b.Key()))
+				fmt.Sprintf("Applied host Service %s for guest Service %s (targetPort = guest nodePort)", key, b.Key()),
+				repairKind(gwb, b.HostService, metrics.RepairBridgeHostService))
 		}
 		s.hostServices[b.HostService] = svc
 	}
@@ -417,7 +419,7 @@ func (r *Reconciler) deleteHostServices(ctx context.Context, s *scope, keep map[
 			errs = append(errs, err)
 			continue
 		}
-		r.recordWrite(ctx, s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, fmt.Sprintf("Deleted host Service %s/%s", svc.Namespace, svc.Name))
+		r.recordWrite(ctx, s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, fmt.Sprintf("Deleted host Service %s/%s", svc.Namespace, svc.Name), "")
 	}
 	return kerrors.NewAggregate(errs)
 }
@@ -460,7 +462,8 @@ func (r *Reconciler) reconcileGuestServices(ctx context.Context, s *scope, plan 
 			case err != nil:
 				return err
 			case applied:
-				r.recordWrite(ctx, gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply, fmt.Sprintf("Applied Service %s in the guest", key))
+				r.recordWrite(ctx, gwb, svc, corev1.EventTypeNormal, eventApplied, actionApply, fmt.Sprintf("Applied Service %s in the guest", key),
+					repairKind(gwb, b.HostService, metrics.RepairBridgeGuestService))
 			}
 		}
 	}
@@ -485,7 +488,7 @@ func (r *Reconciler) deleteGuestServices(ctx context.Context, s *scope, keep map
 			errs = append(errs, fmt.Errorf("deleting Service %s/%s in the guest: %w", svc.Namespace, svc.Name, err))
 			continue
 		}
-		r.recordWrite(ctx, s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, fmt.Sprintf("Deleted Service %s/%s in the guest", svc.Namespace, svc.Name))
+		r.recordWrite(ctx, s.bridge, svc, corev1.EventTypeNormal, eventDeleted, actionDelete, fmt.Sprintf("Deleted Service %s/%s in the guest", svc.Namespace, svc.Name), "")
 	}
 	return kerrors.NewAggregate(errs)
 }
@@ -786,7 +789,7 @@ func (r *Reconciler) giveUp(ctx context.Context, s *scope, reason, why string) (
 	if len(left) == 0 {
 		eventType = corev1.EventTypeNormal
 	}
-	r.recordWrite(ctx, s.bridge, nil, eventType, reason, actionRelease, note)
+	r.recordWrite(ctx, s.bridge, nil, eventType, reason, actionRelease, note, "")
 	return r.release(ctx, s)
 }
 

@@ -14,7 +14,9 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -71,9 +73,8 @@ func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) er
 		case err != nil:
 			return fmt.Errorf("creating KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
 		default:
-			note := fmt.Sprintf("Created KubevirtMachineTemplate %s: a copy of %s that declares %s", tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))
-			ctrl.LoggerFrom(ctx).Info(note)
-			r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateCreated", "DeclarePorts", note)
+			clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateCreated", Action: "DeclarePorts",
+				Object: tmpl, Note: fmt.Sprintf("Created KubevirtMachineTemplate %s: a copy of %s that declares %s", tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))})
 		}
 	}
 
@@ -93,10 +94,10 @@ func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) er
 	if err := r.Client.Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}), client.FieldOwner(hostnames.FieldManager)); err != nil {
 		return fmt.Errorf("repointing MachineDeployment %s at KubevirtMachineTemplate %s: %w", md.Name, tmpl.GetName(), err)
 	}
-	note := fmt.Sprintf("MachineDeployment %s now uses KubevirtMachineTemplate %s (was %s), which declares %s; CAPI rolls the workers",
-		md.Name, tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))
-	ctrl.LoggerFrom(ctx).Info(note)
-	r.recorder.Eventf(s.cluster, md, corev1.EventTypeNormal, "WorkerPortsDeclared", "DeclarePorts", note)
+	metrics.WorkerRolloutTriggered()
+	clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: "WorkerPortsDeclared", Action: "DeclarePorts",
+		Object: md, Note: fmt.Sprintf("MachineDeployment %s now uses KubevirtMachineTemplate %s (was %s), which declares %s; CAPI rolls the workers",
+			md.Name, tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))})
 	return nil
 }
 
@@ -156,9 +157,8 @@ func (r *Reconciler) deleteUnusedTemplates(ctx context.Context, s *scope) error 
 		if err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
 		}
-		note := fmt.Sprintf("Deleted KubevirtMachineTemplate %s: guestnet generated it and no MachineDeployment or MachineSet references it any more", tmpl.GetName())
-		ctrl.LoggerFrom(ctx).Info(note)
-		r.recorder.Eventf(s.cluster, nil, corev1.EventTypeNormal, "WorkerTemplateDeleted", "DeclarePorts", note)
+		clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateDeleted", Action: "DeclarePorts",
+			Object: tmpl, Note: fmt.Sprintf("Deleted KubevirtMachineTemplate %s: guestnet generated it and no MachineDeployment or MachineSet references it any more", tmpl.GetName())})
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -64,5 +66,34 @@ func RequireLab(t testing.TB) {
 	if os.Getenv("CI") != "" {
 		t.Fatalf("lab test cannot run: %s; run it with `make test`", reason)
 	}
+	hintOnce.Do(hintSkipped)
 	t.Skipf("lab test skipped: %s; run it with `make test`", reason)
+}
+
+// LabHint is the one line a plain `go test ./...` prints about the lab tests it skipped.
+const LabHint = "guestnet: lab tests skipped (they need the lab's binaries and its network namespace): " +
+	"run them with `make test`, a subset with `make test TEST_PKGS=./controllers/guestingress/... TEST_ARGS='-run X'`"
+
+var hintOnce sync.Once
+
+// hintSkipped prints LabHint on the terminal, once per go command: `go test ./...` shows
+// nothing of a package that passes but its ok line (and -v shows every skip's reason), so
+// the test binary writes to the terminal itself; the first package of that go command (the
+// binaries' parent process) to skip a lab test does, the others see its marker file.
+func hintSkipped() {
+	if testing.Verbose() {
+		return
+	}
+	tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0)
+	if err != nil {
+		return // no terminal: nobody to tell
+	}
+	defer tty.Close()
+	marker := filepath.Join(os.TempDir(), fmt.Sprintf("guestnet-lab-hint-%d", os.Getppid()))
+	f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return // another package of this go command said it
+	}
+	_ = f.Close()
+	fmt.Fprintln(tty, LabHint)
 }

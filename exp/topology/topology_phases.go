@@ -9,11 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
 
@@ -104,16 +103,14 @@ func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[
 		return fmt.Errorf("applying %s %s/%s: %w", kind, desired.GetNamespace(), desired.GetName(), err)
 	}
 
-	var related runtime.Object = desired // the apiserver's answer
+	// desired holds the apiserver's answer.
 	switch {
 	case live == nil:
-		ctrl.LoggerFrom(ctx).Info("Created from the topology variable", kind, desired.GetName())
-		r.recorder.Eventf(s.cluster, related, corev1.EventTypeNormal, ReasonCreated, eventAction,
-			"Created %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))
+		clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: ReasonCreated, Action: eventAction,
+			Object: desired, Note: fmt.Sprintf("Created %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))})
 	case desired.GetGeneration() != live.GetGeneration():
-		ctrl.LoggerFrom(ctx).Info("Updated from the topology variable", kind, desired.GetName())
-		r.recorder.Eventf(s.cluster, related, corev1.EventTypeNormal, ReasonUpdated, eventAction,
-			"Updated %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))
+		clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: ReasonUpdated, Action: eventAction,
+			Object: desired, Note: fmt.Sprintf("Updated %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))})
 	}
 	return nil
 }
@@ -143,8 +140,7 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, kind string, liv
 		}
 		return fmt.Errorf("deleting %s %s/%s: %w", kind, live.GetNamespace(), live.GetName(), err)
 	}
-	ctrl.LoggerFrom(ctx).Info("Deleted: the topology variable no longer has it", kind, live.GetName())
-	r.recorder.Eventf(s.cluster, live, corev1.EventTypeNormal, ReasonDeleted, eventAction,
-		"Deleted %s %s: the topology variable %s has no %s any more", kind, live.GetName(), VariableName, fieldOf(kind))
+	clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: ReasonDeleted, Action: eventAction,
+		Object: live, Note: fmt.Sprintf("Deleted %s %s: the topology variable %s has no %s any more", kind, live.GetName(), VariableName, fieldOf(kind))})
 	return nil
 }

@@ -1,14 +1,20 @@
 package clusterscope
 
 import (
+	"context"
 	"fmt"
+	"reflect"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 )
 
 // eventAction is the events.k8s.io action of every condition event: the reconcile noticed it.
@@ -39,11 +45,7 @@ type ConditionEvent struct {
 // so a reconcile loop cannot flood the event stream).
 func ConditionChanges(before, after []metav1.Condition) []ConditionEvent {
 	var changes []ConditionEvent
-	for _, c := range after {
-		old := meta.FindStatusCondition(before, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
-			continue
-		}
+	for _, c := range changedConditions(before, after) {
 		note := fmt.Sprintf("%s is %s", c.Type, c.Status)
 		if c.Message != "" {
 			note += ": " + c.Message
@@ -60,6 +62,20 @@ func ConditionChanges(before, after []metav1.Condition) []ConditionEvent {
 	return changes
 }
 
+// changedConditions are the conditions of after whose status or reason differs from before's
+// (or that before lacks).
+func changedConditions(before, after []metav1.Condition) []metav1.Condition {
+	var out []metav1.Condition
+	for _, c := range after {
+		old := meta.FindStatusCondition(before, c.Type)
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // eventType is Warning when the condition reports a problem the user may have to act on.
 // Paused=True is deliberate (set by the user or clusterctl), so it is Normal.
 func eventType(c metav1.Condition) string {
@@ -70,9 +86,65 @@ func eventType(c metav1.Condition) string {
 }
 
 // RecordConditionChanges records an event on obj for each condition that changed since
-// before, so `kubectl describe` and `kubectl get events` tell the story of the object.
+// before, so `kubectl describe` and `kubectl get events` tell the story of the object, and
+// counts the changes the metrics count (conflicts and policy refusals, once per change).
 func RecordConditionChanges(recorder events.EventRecorder, obj Object, before []metav1.Condition) {
 	for _, e := range ConditionChanges(before, obj.GetConditions()) {
 		recorder.Eventf(obj, nil, e.Type, e.Reason, e.Action, "%s", e.Note)
 	}
+	for _, c := range changedConditions(before, obj.GetConditions()) {
+		metrics.ConditionChanged(c.Type, string(c.Status), c.Reason)
+	}
+}
+
+// Write is one write guestnet made to an object it manages, as it is logged and recorded.
+type Write struct {
+	// Type is corev1.EventTypeNormal, or Warning for a write the user should know about.
+	Type string
+	// Reason and Action are the event's (Applied/Apply, Deleted/Delete, Repaired/Rewrite...).
+	Reason, Action string
+	// Object is the object written, logged by kind and name and named as the event's related
+	// object; nil when the note names it.
+	Object client.Object
+	// Note says what was written and why.
+	Note string
+	// Repair is set when the write puts back what someone else changed or deleted: it is
+	// counted in guestnet_repairs_total under that kind.
+	Repair metrics.RepairKind
+}
+
+// maxWriteNote keeps a write's note within the 1 kB events.k8s.io allows.
+const maxWriteNote = 1000
+
+// RecordWrite logs w at the default level, with the object, why, and the object it was made
+// for (regarding), records it as an event on regarding, and counts it when it is a repair:
+// every write guestnet makes goes through here, as CAPI's controllers log and record theirs.
+// A nil recorder (unit tests) only logs.
+func RecordWrite(ctx context.Context, recorder events.EventRecorder, regarding client.Object, w Write) {
+	log := ctrl.LoggerFrom(ctx).WithCallDepth(1) // the line of the caller, not this one
+	kv := []any{"reason", w.Reason, "action", w.Action}
+	if w.Object != nil {
+		kv = append(kv, kindOf(w.Object), klog.KObj(w.Object))
+	}
+	if w.Repair != "" {
+		kv = append(kv, "repair", string(w.Repair))
+		metrics.Repaired(w.Repair)
+	}
+	log.Info(w.Note, kv...)
+	if recorder != nil {
+		recorder.Eventf(regarding, w.Object, w.Type, w.Reason, w.Action, "%s", Bound(w.Note, maxWriteNote))
+	}
+}
+
+// kindOf is obj's kind: from its type meta, else its Go type's name (typed objects read
+// through a client have no type meta).
+func kindOf(obj client.Object) string {
+	if kind := obj.GetObjectKind().GroupVersionKind().Kind; kind != "" {
+		return kind
+	}
+	t := reflect.TypeOf(obj)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Name()
 }

@@ -1,0 +1,114 @@
+package guestingress_test
+
+// Lab test of guestnet's metrics (internal/metrics, docs/metrics.md) for a GuestIngress: a
+// repair is counted under its kind, building the chain is not, and the Ready gauge follows the
+// object's state until it is deleted.
+//
+// Run with: make test TEST_PKGS=./controllers/guestingress/... TEST_ARGS='-run Metrics -v'
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
+)
+
+// Not parallel: the counters are the process's, and parallel tests of this package repair
+// host Services too. (Parallel tests wait until the sequential ones are done.)
+func TestGuestIngressMetrics_RepairsAndReadyReason(t *testing.T) {
+	e := newPhaseEnv(t, envOptions{manual: true})
+	mgr := lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupGuestIngress)
+	// The gauges as main.go registers them, from this manager's cache (this namespace only).
+	gauges := prometheus.NewRegistry()
+	gauges.MustRegister(&metrics.Collector{Reader: mgr.GetCache(), Elected: mgr.Elected()})
+	readyGauge := func(g Gomega) map[string]float64 {
+		return series(g, gauges, metrics.GuestIngressesName, "status", "reason")
+	}
+	before := series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
+
+	e.createGuestService(corev1.ServiceTypeClusterIP, nil)
+	gc := e.createCluster("tenant-a", 1)
+	gi := e.createGuestIngress("web", gc.Name)
+	e.eventuallyReady(gi)
+	e.g.Eventually(readyGauge).WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(map[string]float64{"True/Ready": 1}))
+	e.g.Expect(series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")).To(Equal(before),
+		"building the host objects and the guest Service is no repair")
+
+	// Someone edits the host Service's selector by hand: guestnet puts it back, and counts
+	// one repair of a HostService, nothing else.
+	e.g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		svc := e.getHostService("tenant-a-web")
+		svc.Spec.Selector = map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate}
+		return e.host.Update(e.ctx, svc, client.FieldOwner("kubectl-edit"))
+	})).To(Succeed())
+	e.g.Eventually(func() map[string]string { return e.getHostService("tenant-a-web").Spec.Selector }).
+		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector("tenant-a")))
+	after := series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
+	e.g.Expect(after[string(metrics.RepairHostService)] - before[string(metrics.RepairHostService)]).To(BeNumerically(">=", 1))
+	for _, k := range metrics.RepairKinds {
+		if k != metrics.RepairHostService {
+			e.g.Expect(after[string(k)]).To(Equal(before[string(k)]), "repairs of %s", k)
+		}
+	}
+
+	// The guest Service goes (the ingress controller is uninstalled): the gauge follows Ready.
+	e.g.Expect(e.guest.Delete(e.ctx, e.getGuestService())).To(Succeed())
+	var reason string
+	e.g.Eventually(func(g Gomega) {
+		ready := conditions.Get(e.getGuestIngress(gi), guestnetv1.ReadyCondition)
+		g.Expect(ready).NotTo(BeNil())
+		g.Expect(ready.Status).To(Equal(metav1.ConditionFalse))
+		reason = ready.Reason
+	}).WithTimeout(waitTimeout).WithPolling(poll).Should(Succeed())
+	e.g.Eventually(readyGauge).WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(map[string]float64{"False/" + reason: 1}))
+
+	// Deleted: gone from the gauge, with nothing to take back.
+	e.g.Expect(e.host.Delete(e.ctx, gi)).To(Succeed())
+	e.g.Eventually(readyGauge).WithTimeout(waitTimeout).WithPolling(poll).Should(BeEmpty())
+}
+
+// series are the values of metric name in what g gathers, by the values of labels joined with
+// "/" (the other labels are summed over).
+func series(g Gomega, gatherer prometheus.Gatherer, name string, labels ...string) map[string]float64 {
+	families, err := gatherer.Gather()
+	g.Expect(err).NotTo(HaveOccurred())
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			out[labelKey(m, labels)] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+func labelKey(m *dto.Metric, labels []string) string {
+	values := map[string]string{}
+	for _, l := range m.GetLabel() {
+		values[l.GetName()] = l.GetValue()
+	}
+	key := ""
+	for i, l := range labels {
+		if i > 0 {
+			key += "/"
+		}
+		key += values[l]
+	}
+	return key
+}
