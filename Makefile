@@ -267,8 +267,9 @@ $(CLUSTERCTL):
 	mkdir -p $(dir $@)
 	cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@
 
-# The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone).
-$(CILIUM_LBIPAM):
+# The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone);
+# rebuilt when its main or pins change (go build reuses its cache).
+$(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/lbipam/go.sum
 	@grep -qE '^(require)?[[:space:]]*github\.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)$$' hack/tools/lbipam/go.mod || \
 		{ echo "hack/tools/lbipam/go.mod does not pin github.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)

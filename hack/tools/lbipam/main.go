@@ -25,10 +25,13 @@ import (
 )
 
 func main() {
-	// As a cluster whose Helm values enable IPv4 and L2 announcements configures the
-	// operator: LB-IPAM then also serves Services of class io.cilium/l2-announcer.
+	// As a cluster whose Helm values enable IPv4, L2 announcements and the BGP control plane
+	// configures the operator. LB-IPAM serves Services of class io.cilium/l2-announcer
+	// (io.cilium/bgp-control-plane) only when L2 announcements (the BGP control plane) are
+	// enabled; with them off it removes the IPs of such Services.
 	option.Config.EnableIPv4 = true
 	option.Config.EnableL2Announcements = true
+	option.Config.EnableBGPControlPlane = true
 
 	h := hive.New(
 		client.Cell,
