@@ -28,7 +28,7 @@ func main() {
 	// As a cluster whose Helm values enable IPv4, L2 announcements and the BGP control plane
 	// configures the operator. LB-IPAM serves Services of class io.cilium/l2-announcer
 	// (io.cilium/bgp-control-plane) only when L2 announcements (the BGP control plane) are
-	// enabled; with them off it removes the IPs of such Services.
+	// enabled; with them off it leaves such Services alone.
 	option.Config.EnableIPv4 = true
 	option.Config.EnableL2Announcements = true
 	option.Config.EnableBGPControlPlane = true
