@@ -183,7 +183,7 @@ func dial(host string, port int32) error {
 
 // The lab's LB-IPAM is Cilium's own (the operator's lbipam cell, hack/tools/lbipam), not a
 // stand-in: a LoadBalancer Service of Cilium's L2 class gets the first IP of the pool that
-// selects it and IPAMRequestSatisfied=True; a request for an IP another Service holds, or for
+// selects it and IPAMRequestSatisfied=True (a Service of another class is left alone); a request for an IP another Service holds, or for
 // one no pool contains, is refused with Cilium's reasons; of two overlapping pools exactly
 // one is marked PoolConflict: the newer, or, created in the same second, either one (never
 // both, as guestnet's messages once said).
@@ -207,12 +207,12 @@ func TestLab_RealLBIPAM(t *testing.T) {
 		g.Expect(host.Create(ctx, p)).To(Succeed())
 		t.Cleanup(func() { _ = host.Delete(context.Background(), p) })
 	}
-	createService := func(name, requestedIP string) {
+	createService := func(name, class, requestedIP string) {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: corev1.ServiceSpec{
 				Type:              corev1.ServiceTypeLoadBalancer,
-				LoadBalancerClass: ptr.To("io.cilium/l2-announcer"),
+				LoadBalancerClass: ptr.To(class),
 				Ports:             []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}},
 			},
 		}
@@ -240,12 +240,16 @@ func TestLab_RealLBIPAM(t *testing.T) {
 		}
 	}
 
+	const l2 = "io.cilium/l2-announcer"
 	createPool("lbipam-"+ns, "10.98.250.0/29")
-	createService("web", "")
+	createService("other", "example.com/other", "")
+	createService("web", l2, "")
 	g.Eventually(ipam("web")).WithTimeout(30*time.Second).Should(Equal("10.98.250.0 True satisfied"), "the first IP of the pool")
-	createService("taken", "10.98.250.0")
+	// LB-IPAM handles Service events in order: it has seen "other" before "web".
+	g.Expect(ipam("other")()).To(Equal(" (no condition)"), "a class Cilium does not serve is left alone")
+	createService("taken", l2, "10.98.250.0")
 	g.Eventually(ipam("taken")).WithTimeout(30 * time.Second).Should(Equal(" False already_allocated"))
-	createService("nowhere", "10.98.251.1")
+	createService("nowhere", l2, "10.98.251.1")
 	g.Eventually(ipam("nowhere")).WithTimeout(30 * time.Second).Should(Equal(" False no_pool"))
 
 	// Two overlapping pools, created back to back (often in the same second).
