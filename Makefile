@@ -11,7 +11,7 @@ SHELL := /usr/bin/env bash -o pipefail
 K8S_VERSION            ?= v1.37.2
 ETCD_VERSION           ?= v3.6.16
 CAPI_VERSION           ?= v1.14.2
-CAPK_VERSION           ?= v0.1.10
+CAPK_VERSION           ?= v0.11.2
 CILIUM_VERSION         ?= v1.20.2
 CONTROLLER_GEN_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION      ?= v5.8.2
@@ -24,6 +24,9 @@ CLUSTERCTL_VERSION     ?= $(CAPI_VERSION)
 # dependencies never touch the provider's.
 CERT_MANAGER_VERSION   ?= v1.11.5
 METRICS_SERVER_VERSION ?= v0.8.0
+# Cilium's LB-IPAM runs for real in the host cluster: the operator's lbipam cell alone, from
+# the same release as the Cilium CRDs (hack/tools/lbipam, whose go.mod pins it).
+CILIUM_LBIPAM_VERSION  ?= $(CILIUM_VERSION)
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
@@ -35,6 +38,8 @@ CERT_MANAGER_BIN   := $(CACHE_DIR)/cert-manager-$(CERT_MANAGER_VERSION)
 METRICS_SERVER_BIN := $(CACHE_DIR)/metrics-server-$(METRICS_SERVER_VERSION)
 CLUSTERCTL_BIN     := $(CACHE_DIR)/clusterctl-$(CLUSTERCTL_VERSION)
 CLUSTERCTL         := $(CLUSTERCTL_BIN)/clusterctl
+CILIUM_BIN         := $(CACHE_DIR)/cilium-$(CILIUM_LBIPAM_VERSION)
+CILIUM_LBIPAM      := $(CILIUM_BIN)/cilium-lbipam
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 
@@ -95,7 +100,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 # The release the clusterctl tests install (written by `make release-manifests`).
@@ -225,7 +230,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, Cilium LB-IPAM) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
@@ -262,6 +267,15 @@ $(CLUSTERCTL):
 		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
 	mkdir -p $(dir $@)
 	@$(call build_step,clusterctl $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@)
+
+# The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone);
+# rebuilt when its main or pins change (go build reuses its cache).
+$(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/lbipam/go.sum
+	@grep -qE '^(require)?[[:space:]]*github\.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)$$' hack/tools/lbipam/go.mod || \
+		{ echo "hack/tools/lbipam/go.mod does not pin github.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)

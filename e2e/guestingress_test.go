@@ -8,7 +8,7 @@ package e2e
 //	-> worker virt-launcher pod IP:<guest nodePort> (masquerade NAT stand-in: declared ports only)
 //	-> VM:<guest nodePort> (Envoy stand-in: answers with its machine name)
 //
-// The Cilium stand-in also plays LB-IPAM (the IP from guestnet's pool). Everything else is
+// Cilium's LB-IPAM is the real one (the IP from guestnet's pool). Everything else is
 // real: guestnet's manager (internal/manager wiring, the workerports controller included), the
 // host and guest apiservers, CAPI's ClusterCache. The load-balancer IPs are in the lab's
 // "physical" range lab.LoadBalancerCIDR, local in the lab's network namespace only.
@@ -281,8 +281,8 @@ func TestGuestIngress_IPConflictKeepsTheFirstWorking(t *testing.T) {
 
 // --- helpers ------------------------------------------------------------------------------------
 
-// startCiliumStandIn runs the Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy) for the
-// test.
+// startCiliumStandIn runs the real LB-IPAM and the Cilium stand-in (L2 announcement,
+// kube-proxy) for the test.
 func startCiliumStandIn(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	s, err := lab.StartCiliumStandIn(testContext(t), l)

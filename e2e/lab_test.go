@@ -10,8 +10,13 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
@@ -174,4 +179,112 @@ func dial(host string, port int32) error {
 		return err
 	}
 	return c.Close()
+}
+
+// The lab's LB-IPAM is Cilium's own (the operator's lbipam cell, hack/tools/lbipam), not a
+// stand-in: a LoadBalancer Service of Cilium's L2 class gets the first IP of the pool that
+// selects it and IPAMRequestSatisfied=True (a Service of another class is left alone); a request for an IP another Service holds, or for
+// one no pool contains, is refused with Cilium's reasons; of two overlapping pools exactly
+// one is marked PoolConflict: the newer, or, created in the same second, either one (never
+// both, as guestnet's messages once said).
+func TestLab_RealLBIPAM(t *testing.T) {
+	g := NewWithT(t)
+	l := startLab(t)
+	ctx := testContext(t)
+	host := l.Host.Client
+	ns := uniqueName("lbipam")
+	g.Expect(host.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	startCiliumStandIn(t, l)
+
+	createPool := func(name, cidr string) {
+		p := &unstructured.Unstructured{}
+		p.SetGroupVersionKind(schema.GroupVersionKind{Group: "cilium.io", Version: "v2", Kind: "CiliumLoadBalancerIPPool"})
+		p.SetName(name)
+		p.Object["spec"] = map[string]any{
+			"blocks":          []any{map[string]any{"cidr": cidr}},
+			"serviceSelector": map[string]any{"matchLabels": map[string]any{"io.kubernetes.service.namespace": ns}},
+		}
+		g.Expect(host.Create(ctx, p)).To(Succeed())
+		t.Cleanup(func() { _ = host.Delete(context.Background(), p) })
+	}
+	createService := func(name, class, requestedIP string) {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{
+				Type:              corev1.ServiceTypeLoadBalancer,
+				LoadBalancerClass: ptr.To(class),
+				Ports:             []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}},
+			},
+		}
+		if requestedIP != "" {
+			svc.Annotations = map[string]string{"lbipam.cilium.io/ips": requestedIP}
+		}
+		g.Expect(host.Create(ctx, svc)).To(Succeed())
+	}
+	// ipam is the Service's first ingress IP and its IPAMRequestSatisfied status and reason.
+	ipam := func(name string) func() (string, error) {
+		return func() (string, error) {
+			svc := &corev1.Service{}
+			if err := host.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
+				return "", err
+			}
+			ip := ""
+			if len(svc.Status.LoadBalancer.Ingress) > 0 {
+				ip = svc.Status.LoadBalancer.Ingress[0].IP
+			}
+			c := meta.FindStatusCondition(svc.Status.Conditions, "cilium.io/IPAMRequestSatisfied")
+			if c == nil {
+				return ip + " (no condition)", nil
+			}
+			return fmt.Sprintf("%s %s %s", ip, c.Status, c.Reason), nil
+		}
+	}
+
+	const l2 = "io.cilium/l2-announcer"
+	createPool("lbipam-"+ns, "10.98.250.0/29")
+	createService("other", "example.com/other", "")
+	createService("web", l2, "")
+	g.Eventually(ipam("web")).WithTimeout(30*time.Second).Should(Equal("10.98.250.0 True satisfied"), "the first IP of the pool")
+	// LB-IPAM handles Service events in order: it has seen "other" before "web".
+	g.Expect(ipam("other")()).To(Equal(" (no condition)"), "a class Cilium does not serve is left alone")
+	createService("taken", l2, "10.98.250.0")
+	g.Eventually(ipam("taken")).WithTimeout(30 * time.Second).Should(Equal(" False already_allocated"))
+	createService("nowhere", l2, "10.98.251.1")
+	g.Eventually(ipam("nowhere")).WithTimeout(30 * time.Second).Should(Equal(" False no_pool"))
+
+	// Two overlapping pools, created back to back (often in the same second).
+	x, y := "lbipam-x-"+ns, "lbipam-y-"+ns
+	createPool(x, "10.98.252.0/29")
+	createPool(y, "10.98.252.4/30")
+	var conflicting []string
+	g.Eventually(func(g Gomega) {
+		conflicting = nil
+		for _, name := range []string{x, y} {
+			p := &unstructured.Unstructured{}
+			p.SetGroupVersionKind(schema.GroupVersionKind{Group: "cilium.io", Version: "v2", Kind: "CiliumLoadBalancerIPPool"})
+			g.Expect(host.Get(ctx, client.ObjectKey{Name: name}, p)).To(Succeed())
+			conds, _, _ := unstructured.NestedSlice(p.Object, "status", "conditions")
+			counted := false
+			for _, c := range conds {
+				m, _ := c.(map[string]any)
+				counted = counted || m["type"] == "cilium.io/IPsTotal"
+				if m["type"] == "cilium.io/PoolConflict" && m["status"] == "True" {
+					conflicting = append(conflicting, name)
+				}
+			}
+			// LB-IPAM counts a pool's IPs after it settled the conflicts of its event.
+			g.Expect(counted).To(BeTrue(), "LB-IPAM has not counted the IPs of %s yet", name)
+		}
+		g.Expect(conflicting).To(HaveLen(1), "exactly one of two overlapping pools is disabled")
+	}).WithTimeout(30 * time.Second).Should(Succeed())
+	px, py := &metav1.PartialObjectMetadata{}, &metav1.PartialObjectMetadata{}
+	for _, p := range []*metav1.PartialObjectMetadata{px, py} {
+		p.SetGroupVersionKind(schema.GroupVersionKind{Group: "cilium.io", Version: "v2", Kind: "CiliumLoadBalancerIPPool"})
+	}
+	g.Expect(host.Get(ctx, client.ObjectKey{Name: x}, px)).To(Succeed())
+	g.Expect(host.Get(ctx, client.ObjectKey{Name: y}, py)).To(Succeed())
+	if px.CreationTimestamp.Before(&py.CreationTimestamp) {
+		g.Expect(conflicting).To(Equal([]string{y}), "the newer pool is the one disabled")
+	}
+	t.Logf("pools created at %s and %s: %v disabled", px.CreationTimestamp, py.CreationTimestamp, conflicting)
 }

@@ -135,7 +135,7 @@ func TestGuestIngressInvariants_AHolderIsNeverDisplaced(t *testing.T) {
 }
 
 // A pool that guestnet does not manage (an admin's) is never overlapped: Cilium would disable
-// the newer of two overlapping pools, and both when they were created in the same second.
+// the newer of two overlapping pools, and either one when they were created in the same second.
 // The GuestIngress is refused up front, naming the pool, and gets no pool of its own.
 func TestGuestIngressInvariants_AnAdminPoolIsNeverDisabled(t *testing.T) {
 	t.Parallel()

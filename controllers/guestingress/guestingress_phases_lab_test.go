@@ -533,8 +533,8 @@ var (
 	nextEnv     atomic.Int32
 )
 
-// ciliumStandIn starts the package's Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy)
-// once; it runs until the test binary exits.
+// ciliumStandIn starts the package's real LB-IPAM and Cilium stand-in (L2 announcement,
+// kube-proxy) once; they run until the test binary exits.
 func ciliumStandIn(t *testing.T, l *lab.Lab) {
 	standInOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

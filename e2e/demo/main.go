@@ -87,7 +87,7 @@ func run(hold bool, dir string) error {
 	fmt.Println("These are the failures guestnet exists to fix: GuestWebhookBridge repoints the webhooks and the APIService at")
 	fmt.Println("endpoints the guest control plane can reach; GuestIngress gives the workers a host Service that selects them.")
 
-	section("guestnet: start the manager, and the Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy: no Cilium runs in the lab)")
+	section("guestnet: start the manager, Cilium's real LB-IPAM and the Cilium stand-in (L2 announcement, kube-proxy: no Cilium datapath runs in the lab)")
 	standIn, err := lab.StartCiliumStandIn(ctx, l)
 	if err != nil {
 		return err

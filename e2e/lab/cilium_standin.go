@@ -1,22 +1,22 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -32,16 +32,17 @@ import (
 
 // The Cilium stand-in does, in the lab's host cluster, what Cilium does there in production
 // for Services: Cilium replaces kube-proxy on the host, so the stand-in is the lab's host
-// kube-proxy too; no Cilium runs in the lab. It is written from Cilium's and kube-proxy's
-// documented behaviour, independently of guestnet's code (sharing guestnet's selector
-// matching would hide guestnet's mistakes):
+// kube-proxy too. Of Cilium, only LB-IPAM runs for real; the datapath needs a kernel. The
+// played parts are written from Cilium's and kube-proxy's documented behaviour,
+// independently of guestnet's code (sharing guestnet's selector matching would hide
+// guestnet's mistakes):
 //
-//   - LB-IPAM stand-in: gives each LoadBalancer Service of Cilium's classes an IP from the
-//     CiliumLoadBalancerIPPools whose serviceSelector selects it (labels plus the
-//     io.kubernetes.service.{namespace,name} pseudo-labels), the one requested with the
-//     lbipam.cilium.io/ips annotation if any, in status.loadBalancer.ingress, and sets the
-//     Service condition cilium.io/IPAMRequestSatisfied. A pool that overlaps an older one is
-//     marked cilium.io/PoolConflict=True and allocates nothing.
+//   - LB-IPAM is real: the Cilium operator's lbipam cell (github.com/cilium/cilium, the
+//     release of the lab's Cilium CRDs), built by the Makefile as cilium-lbipam
+//     (hack/tools/lbipam) and run as a process against the host apiserver. It gives
+//     LoadBalancer Services their IPs (status.loadBalancer.ingress), sets
+//     cilium.io/IPAMRequestSatisfied on them and cilium.io/PoolConflict (and the IP counts) on
+//     the pools; its log is <lab>/cilium-lbipam.log.
 //   - L2 announcement + kube-proxy stand-in: for each Service whose IP a
 //     CiliumL2AnnouncementPolicy announces (serviceSelector, loadBalancerIPs: true, a
 //     nodeSelector that matches a host node), it listens on IP:port and forwards each
@@ -61,14 +62,10 @@ import (
 
 // Cilium names the stand-in honours.
 var (
-	ciliumPoolGVK     = schema.GroupVersionKind{Group: "cilium.io", Version: "v2", Kind: "CiliumLoadBalancerIPPool"}
 	ciliumL2PolicyGVK = schema.GroupVersionKind{Group: "cilium.io", Version: "v2alpha1", Kind: "CiliumL2AnnouncementPolicy"}
 )
 
 const (
-	ciliumIPsAnnotation        = "lbipam.cilium.io/ips"
-	ciliumIPAMCondition        = "cilium.io/IPAMRequestSatisfied"
-	ciliumPoolConflict         = "cilium.io/PoolConflict"
 	ciliumServiceNamespaceKey  = "io.kubernetes.service.namespace"
 	ciliumServiceNameKey       = "io.kubernetes.service.name"
 	ciliumL2AnnouncerClass     = "io.cilium/l2-announcer"
@@ -76,34 +73,26 @@ const (
 	standInFieldOwner          = "cilium-stand-in"
 )
 
-// CiliumStandIn is a running Cilium stand-in (LB-IPAM, L2 announcement, kube-proxy for
-// load-balancer IPs and ClusterIPs) for the lab's host cluster. Stop it with Stop.
-type CiliumStandIn struct{ *standIn }
+// CiliumStandIn is the lab's Cilium for the host cluster: the real LB-IPAM and the stand-in
+// of L2 announcement and kube-proxy (load-balancer IPs and ClusterIPs). Stop it with Stop.
+type CiliumStandIn struct {
+	*standIn
+	lbipam *process
+}
 
-// StartCiliumStandIn starts the Cilium stand-in for every namespace of the host cluster; it
-// logs to <lab>/cilium-stand-in.log.
+// StartCiliumStandIn starts the real LB-IPAM and the stand-in for every namespace of the host
+// cluster; they log to <lab>/cilium-lbipam.log and <lab>/cilium-stand-in.log.
 func StartCiliumStandIn(ctx context.Context, l *Lab) (*CiliumStandIn, error) {
+	lbipam, err := startLBIPAM(ctx, l)
+	if err != nil {
+		return nil, err
+	}
 	s, err := startStandIn(ctx, l, standInFieldOwner, l.Host.Config, func(mgr ctrl.Manager, logger logr.Logger) (func(), error) {
 		c := mgr.GetClient()
 		allServices := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 			return loadBalancerServiceRequests(ctx, c)
 		})
 
-		if err := ctrl.NewControllerManagedBy(mgr).Named("pool-conflict-stand-in").
-			Watches(newUnstructured(ciliumPoolGVK), handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: "all-pools"}}}
-			})).
-			Complete(reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-				return reconcile.Result{}, markPoolConflicts(ctx, c)
-			})); err != nil {
-			return nil, err
-		}
-		if err := ctrl.NewControllerManagedBy(mgr).Named("lbipam-stand-in").
-			For(&corev1.Service{}).
-			Watches(newUnstructured(ciliumPoolGVK), allServices).
-			Complete(&ipamStandIn{c: c}); err != nil {
-			return nil, err
-		}
 		proxy := &proxyStandIn{c: c, log: logger, listeners: map[string]*proxyListener{}, byService: map[types.NamespacedName][]string{}, next: map[types.NamespacedName]int{}}
 		if err := ctrl.NewControllerManagedBy(mgr).Named("l2-kube-proxy-stand-in").
 			For(&corev1.Service{}).
@@ -121,9 +110,43 @@ func StartCiliumStandIn(ctx context.Context, l *Lab) (*CiliumStandIn, error) {
 		return proxy.closeAll, nil
 	})
 	if err != nil {
+		lbipam.stop()
 		return nil, err
 	}
-	return &CiliumStandIn{s}, nil
+	return &CiliumStandIn{standIn: s, lbipam: lbipam}, nil
+}
+
+// Stop stops the stand-in (closing its listeners) and LB-IPAM. What LB-IPAM wrote stays, as
+// when Cilium's operator restarts.
+func (s *CiliumStandIn) Stop() {
+	s.standIn.Stop()
+	s.lbipam.stop()
+}
+
+// startLBIPAM runs the real LB-IPAM against the host apiserver and waits until it watches
+// the pools (it stays dormant, allocating nothing, while there is none).
+func startLBIPAM(ctx context.Context, l *Lab) (*process, error) {
+	bin, err := findFile(l.Assets.binDirs, "cilium-lbipam")
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProcess(l.Dir, "cilium-lbipam", bin,
+		"--k8s-kubeconfig-path="+l.Host.KubeconfigPath)
+	if err != nil {
+		return nil, err
+	}
+	readyCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := p.waitReady(readyCtx, func(context.Context) error {
+		if log, _ := os.ReadFile(p.logPath); !bytes.Contains(log, []byte("LB-IPAM initializing")) {
+			return fmt.Errorf("LB-IPAM has not started")
+		}
+		return nil
+	}); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return p, nil
 }
 
 func newUnstructured(gvk schema.GroupVersionKind) *unstructured.Unstructured {
@@ -186,208 +209,6 @@ func selectorMatches(raw map[string]any, set labels.Set) bool {
 	return err == nil && sel.Matches(set)
 }
 
-// --- pools --------------------------------------------------------------------------------
-
-type labPool struct {
-	obj      *unstructured.Unstructured
-	prefixes []netip.Prefix
-}
-
-func (p labPool) conflicting() bool {
-	conds, _, _ := unstructured.NestedSlice(p.obj.Object, "status", "conditions")
-	for _, c := range conds {
-		if m, ok := c.(map[string]any); ok && m["type"] == ciliumPoolConflict && m["status"] == string(metav1.ConditionTrue) {
-			return true
-		}
-	}
-	return false
-}
-
-func (p labPool) disabled() bool {
-	d, _, _ := unstructured.NestedBool(p.obj.Object, "spec", "disabled")
-	return d
-}
-
-// listPools returns every pool, oldest first, with its blocks parsed.
-func listPools(ctx context.Context, c client.Reader) ([]labPool, error) {
-	list := newUnstructuredList(ciliumPoolGVK)
-	if err := c.List(ctx, list); err != nil {
-		return nil, err
-	}
-	pools := make([]labPool, 0, len(list.Items))
-	for i := range list.Items {
-		p := labPool{obj: &list.Items[i]}
-		blocks, _, _ := unstructured.NestedSlice(p.obj.Object, "spec", "blocks")
-		for _, b := range blocks {
-			m, _ := b.(map[string]any)
-			if cidr, _ := m["cidr"].(string); cidr != "" {
-				if prefix, err := netip.ParsePrefix(cidr); err == nil {
-					p.prefixes = append(p.prefixes, prefix.Masked())
-				}
-			}
-		}
-		pools = append(pools, p)
-	}
-	slices.SortFunc(pools, func(a, b labPool) int {
-		if c := a.obj.GetCreationTimestamp().Compare(b.obj.GetCreationTimestamp().Time); c != 0 {
-			return c
-		}
-		return strings.Compare(a.obj.GetName(), b.obj.GetName())
-	})
-	return pools, nil
-}
-
-// markPoolConflicts sets cilium.io/PoolConflict on every pool: True on a pool that overlaps
-// an older pool without conflict, False otherwise.
-func markPoolConflicts(ctx context.Context, c client.Client) error {
-	pools, err := listPools(ctx, c)
-	if err != nil {
-		return err
-	}
-	var kept []labPool
-	for _, p := range pools {
-		var with string
-		for _, k := range kept {
-			if slices.ContainsFunc(p.prefixes, func(a netip.Prefix) bool { return slices.ContainsFunc(k.prefixes, a.Overlaps) }) {
-				with = k.obj.GetName()
-				break
-			}
-		}
-		cond := metav1.Condition{Type: ciliumPoolConflict, Status: metav1.ConditionFalse, Reason: "resolved", Message: ""}
-		if with != "" {
-			cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "cidr_overlap", fmt.Sprintf("Pool overlaps with CIDRs of pool %s", with)
-		} else {
-			kept = append(kept, p)
-		}
-		if err := setUnstructuredCondition(ctx, c, p.obj, cond); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func setUnstructuredCondition(ctx context.Context, c client.Client, obj *unstructured.Unstructured, cond metav1.Condition) error {
-	var conds []metav1.Condition
-	raw, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
-	for _, r := range raw {
-		var existing metav1.Condition
-		if m, ok := r.(map[string]any); ok && runtime.DefaultUnstructuredConverter.FromUnstructured(m, &existing) == nil {
-			conds = append(conds, existing)
-		}
-	}
-	cond.ObservedGeneration = obj.GetGeneration()
-	if !meta.SetStatusCondition(&conds, cond) {
-		return nil
-	}
-	out := make([]any, len(conds))
-	for i := range conds {
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&conds[i])
-		if err != nil {
-			return err
-		}
-		out[i] = m
-	}
-	updated := obj.DeepCopy()
-	if err := unstructured.SetNestedSlice(updated.Object, out, "status", "conditions"); err != nil {
-		return err
-	}
-	return client.IgnoreNotFound(c.Status().Update(ctx, updated))
-}
-
-// --- LB-IPAM stand-in ---------------------------------------------------------------------
-
-type ipamStandIn struct{ c client.Client }
-
-func (r *ipamStandIn) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	svc := &corev1.Service{}
-	if err := r.c.Get(ctx, req.NamespacedName, svc); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
-	if !isCiliumLoadBalancer(svc) || !svc.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, nil
-	}
-	pools, err := listPools(ctx, r.c)
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	var eligible []labPool
-	for _, p := range pools {
-		if !p.conflicting() && !p.disabled() && serviceSelected(p.obj, svc) {
-			eligible = append(eligible, p)
-		}
-	}
-	inEligible := func(ip netip.Addr) bool {
-		return slices.ContainsFunc(eligible, func(p labPool) bool {
-			return slices.ContainsFunc(p.prefixes, func(pr netip.Prefix) bool { return pr.Contains(ip) })
-		})
-	}
-	used, err := usedIPs(ctx, r.c, svc)
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-
-	var requested netip.Addr
-	if v := strings.TrimSpace(strings.Split(svc.Annotations[ciliumIPsAnnotation], ",")[0]); v != "" {
-		requested, _ = netip.ParseAddr(v)
-	}
-	current, _ := netip.ParseAddr(firstIngressIP(svc))
-
-	var ip netip.Addr
-	cond := metav1.Condition{Type: ciliumIPAMCondition, Status: metav1.ConditionFalse}
-	switch {
-	case current.IsValid() && inEligible(current) && (!requested.IsValid() || requested == current):
-		ip = current
-	case len(eligible) == 0:
-		cond.Reason, cond.Message = "no_pool", "There are no enabled CiliumLoadBalancerIPPools that match this service"
-	case requested.IsValid() && !inEligible(requested):
-		cond.Reason, cond.Message = "no_pool", fmt.Sprintf("No pool that selects this service contains the requested IP %s", requested)
-	case requested.IsValid() && used[requested]:
-		cond.Reason, cond.Message = "already_allocated", fmt.Sprintf("The IP %s is already allocated to another service", requested)
-	case requested.IsValid():
-		ip = requested
-	default:
-		ip = firstFree(eligible, used)
-		if !ip.IsValid() {
-			cond.Reason, cond.Message = "out_of_ips", "All pools that select this service are exhausted"
-		}
-	}
-	updated := svc.DeepCopy()
-	updated.Status.LoadBalancer.Ingress = nil
-	if ip.IsValid() {
-		updated.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "satisfied", ""
-	}
-	cond.ObservedGeneration = svc.Generation
-	meta.SetStatusCondition(&updated.Status.Conditions, cond)
-	if equality.Semantic.DeepEqual(updated.Status, svc.Status) {
-		return reconcile.Result{}, nil
-	}
-	err = r.c.Status().Update(ctx, updated)
-	if apierrors.IsConflict(err) {
-		return reconcile.Result{Requeue: true}, nil
-	}
-	return reconcile.Result{}, client.IgnoreNotFound(err)
-}
-
-// usedIPs are the load-balancer IPs of every Service but svc.
-func usedIPs(ctx context.Context, c client.Reader, svc *corev1.Service) (map[netip.Addr]bool, error) {
-	list := &corev1.ServiceList{}
-	if err := c.List(ctx, list); err != nil {
-		return nil, err
-	}
-	used := map[netip.Addr]bool{}
-	for i := range list.Items {
-		o := &list.Items[i]
-		if o.Namespace == svc.Namespace && o.Name == svc.Name {
-			continue
-		}
-		if ip, err := netip.ParseAddr(firstIngressIP(o)); err == nil {
-			used[ip] = true
-		}
-	}
-	return used, nil
-}
-
 func firstIngressIP(svc *corev1.Service) string {
 	for _, in := range svc.Status.LoadBalancer.Ingress {
 		if in.IP != "" {
@@ -395,20 +216,6 @@ func firstIngressIP(svc *corev1.Service) string {
 		}
 	}
 	return ""
-}
-
-// firstFree is the first IP of the pools (oldest pool first) that is not used.
-func firstFree(pools []labPool, used map[netip.Addr]bool) netip.Addr {
-	for _, p := range pools {
-		for _, prefix := range p.prefixes {
-			for ip, n := prefix.Addr(), 0; prefix.Contains(ip) && n < 1<<16; ip, n = ip.Next(), n+1 {
-				if !used[ip] {
-					return ip
-				}
-			}
-		}
-	}
-	return netip.Addr{}
 }
 
 // --- L2 announcement + kube-proxy stand-in (load-balancer IPs and ClusterIPs) ---------------

@@ -246,7 +246,7 @@ func outcomeOf(c Claimant, release bool) string {
 
 // ForeignPoolConflict checks the pool guestnet would create for gi against the pools it does
 // not manage (an admin's, a shared one): Cilium disables the newer of two overlapping pools,
-// and both when they were created in the same second, so guestnet never creates (or keeps) a
+// and either one when they were created in the same second, so guestnet never creates (or keeps) a
 // pool that overlaps one of them. held is what gi holds on the host. Pools are taken in name
 // order; nil when nothing overlaps.
 func ForeignPoolConflict(gi *guestnetv1.GuestIngress, held Claim, foreign []*unstructured.Unstructured) *Conflict {
@@ -267,7 +267,7 @@ func ForeignPoolConflict(gi *guestnetv1.GuestIngress, held Claim, foreign []*uns
 			Reason: guestnetv1.PoolConflictReason,
 			Holder: "CiliumLoadBalancerIPPool " + pool.GetName(),
 			Message: fmt.Sprintf("The pool ranges %s overlap CiliumLoadBalancerIPPool %s (%s), which guestnet does not manage: Cilium disables the newer "+
-				"of two overlapping pools (both, when they were created in the same second), so %s. Choose spec.loadBalancer.cidrs or .ip outside it, "+
+				"of two overlapping pools (either one, when they were created in the same second), so %s. Choose spec.loadBalancer.cidrs or .ip outside it, "+
 				"or, if it is a shared pool you may use, name it in spec.loadBalancer.poolRef",
 				Claim{Prefixes: want}, pool.GetName(), Claim{Prefixes: blocks}, outcomeOf(c, release)),
 			Release: release,
