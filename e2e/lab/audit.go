@@ -36,9 +36,10 @@ func (r AuditRequest) Write() bool {
 	return false
 }
 
-// Read is true for a get or a list that is not a watch: what an informer's cache would
-// have answered at steady state.
-func (r AuditRequest) Read() bool { return r.Verb == "get" || r.Verb == "list" }
+// Read is true for a get or a list of objects that is not a watch: what an informer's cache
+// could have answered. Requests for non-resource URLs (the ClusterCache's health probe of
+// "/", discovery) are not reads of objects.
+func (r AuditRequest) Read() bool { return (r.Verb == "get" || r.Verb == "list") && r.ObjectRef != nil }
 
 // Resource is "resource" or "resource/subresource" ("" for non-resource URLs).
 func (r AuditRequest) Resource() string {

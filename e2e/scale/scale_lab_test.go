@@ -39,13 +39,18 @@ const (
 	// quiet is how long the manager must not write before a phase counts as settled.
 	quiet = 5 * time.Second
 
-	// maxWritesPerGuestIngress bounds what creating one GuestIngress costs: the finalizer, the
-	// guest Service, pool, L2 policy and host Service (5), and its status as it progresses
-	// (admitted and applied, IP assigned, endpoints ready: 3). Issue 13 asked for 6; see
-	// docs/performance.md for why 8 is what progress reported honestly costs.
-	maxWritesPerGuestIngress = 8
+	// maxWritesPerGuestIngress bounds what creating one GuestIngress costs (events apart): the
+	// finalizer, the guest Service, pool, L2 policy and host Service (5), and one status write
+	// per step of progress it reports (guest not connected yet, applied, IP assigned, first
+	// and second worker endpoint ready: at most 5). Issue 13 asked for 6; docs/performance.md
+	// says why that would hide progress.
+	maxWritesPerGuestIngress = 10
+	// maxPolicyWritesPerGuestIngress bounds the lab policy's status writes per member: its
+	// counts of selected namespaces and admitted GuestIngresses change once each (2; a few
+	// more when the policy's own events interleave: 2.35 measured).
+	maxPolicyWritesPerGuestIngress = 3
 	// maxWritesPerBridge bounds one GuestWebhookBridge of a webhook and an APIService.
-	maxWritesPerBridge = 12
+	maxWritesPerBridge = 14
 )
 
 // A fleet converges with a bounded number of writes per object, and then, over a full resync,
@@ -90,8 +95,10 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 	}
 	creation := settle(t, next)
 	creation.log(t, "GuestIngress creation")
-	g.Expect(creation.writes(notEvents)).To(BeNumerically("<=", maxWritesPerGuestIngress*fleetSize),
-		"writes to create %d GuestIngresses:\n%s", fleetSize, creation.counts(notEvents))
+	g.Expect(creation.writes(ofGuestIngresses)).To(BeNumerically("<=", maxWritesPerGuestIngress*fleetSize),
+		"writes to create %d GuestIngresses:\n%s", fleetSize, creation.counts(isWriteNotEvent))
+	g.Expect(creation.writes(policyStatus)).To(BeNumerically("<=", maxPolicyWritesPerGuestIngress*fleetSize+5),
+		"writes of the policy's status while %d GuestIngresses were created:\n%s", fleetSize, creation.counts(isWriteNotEvent))
 
 	bridges := 0
 	for i := 0; i < fleetSize; i += bridgeEvery {
@@ -106,7 +113,7 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 	bridging := settle(t, next)
 	bridging.log(t, "GuestWebhookBridge creation")
 	g.Expect(bridging.writes(notEvents)).To(BeNumerically("<=", maxWritesPerBridge*bridges),
-		"writes to create %d GuestWebhookBridges:\n%s", bridges, bridging.counts(notEvents))
+		"writes to create %d GuestWebhookBridges:\n%s", bridges, bridging.counts(isWriteNotEvent))
 
 	// Steady state: wait until every GuestIngress was reconciled again by the resync (nothing
 	// else changes), then count.
@@ -146,10 +153,11 @@ func settle(t *testing.T, next func() phase) phase {
 	return p
 }
 
-func all(lab.AuditRequest) bool         { return true }
-func notEvents(r lab.AuditRequest) bool { return r.Resource() != "events" }
-func isWrite(r lab.AuditRequest) bool   { return r.Write() }
-func isRead(r lab.AuditRequest) bool    { return r.Read() }
+func all(lab.AuditRequest) bool               { return true }
+func notEvents(r lab.AuditRequest) bool       { return r.Resource() != "events" }
+func isWrite(r lab.AuditRequest) bool         { return r.Write() }
+func isWriteNotEvent(r lab.AuditRequest) bool { return r.Write() && notEvents(r) }
+func isRead(r lab.AuditRequest) bool          { return r.Read() }
 
 func (p phase) writes(filter func(lab.AuditRequest) bool) int {
 	n := 0
@@ -252,3 +260,6 @@ func eventuallyBridged(ctx context.Context, g *WithT, c client.Client, gwb *gues
 		g.Expect(conditions.Get(got, guestnetv1.TargetsReachableCondition).Status).NotTo(Equal(metav1.ConditionUnknown))
 	}).WithTimeout(3 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
 }
+
+func policyStatus(r lab.AuditRequest) bool     { return r.Resource() == "guestingresspolicies/status" }
+func ofGuestIngresses(r lab.AuditRequest) bool { return notEvents(r) && !policyStatus(r) }
