@@ -36,8 +36,11 @@ const (
 	bridgeEvery = 5
 	// resync is the test manager's SyncPeriod: the steady state is watched over a full one.
 	resync = 15 * time.Second
-	// quiet is how long the manager must not write before a phase counts as settled.
-	quiet = 5 * time.Second
+	// quiet is how long the manager must not write before a phase counts as settled: longer
+	// than client-go's event library waits (10 s) before it retries an event write that
+	// failed (a series update that raced the event's creation), so that no creation event
+	// lands in the next phase.
+	quiet = 12 * time.Second
 
 	// maxWritesPerGuestIngress bounds what creating one GuestIngress costs (events apart): the
 	// finalizer, the guest Service, pool, L2 policy and host Service (5), and one status write
