@@ -8,12 +8,11 @@ package guestingress
 import (
 	"context"
 	"errors"
-	"slices"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -27,13 +26,13 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
-	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // controllerName names the controller, its ClusterCache source and its events.
@@ -52,6 +51,10 @@ type Reconciler struct {
 	// ClusterCache gives access to the guest cluster through its <cluster>-kubeconfig Secret.
 	ClusterCache clustercache.ClusterCache
 
+	// CiliumConfigs serves each guest's cilium-config (PortsDeclared reads it on every
+	// reconcile); a memo of ports.CiliumConfigTTL when nil.
+	CiliumConfigs *ports.CiliumConfigMemo
+
 	// WatchFilterValue, when set, limits the controller to objects (and Clusters) labelled
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
@@ -62,6 +65,8 @@ type Reconciler struct {
 
 	recorder   events.EventRecorder
 	controller controller.Controller
+	// ownWrites skips a reconcile on a cache that has not seen this controller's last write.
+	ownWrites clusterscope.OwnWrites
 }
 
 // scope is what one reconcile of a GuestIngress works with.
@@ -106,6 +111,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	if r.Admit == nil {
 		r.Admit = policy.Admit
+	}
+	if r.CiliumConfigs == nil {
+		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
 	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestIngress{}); err != nil {
 		return err
@@ -193,9 +201,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	guestIngress := &guestnetv1.GuestIngress{}
 	if err := r.Client.Get(ctx, req.NamespacedName, guestIngress); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.ownWrites.Forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
+	}
+	if r.ownWrites.Stale(guestIngress) {
+		// The event of the last write brings the object back once the cache has it.
+		return ctrl.Result{}, nil
 	}
 
 	if r.WatchFilterValue != "" && guestIngress.Labels[clusterv1.WatchLabel] != r.WatchFilterValue {
@@ -213,13 +226,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}
 	s := &scope{guestIngress: guestIngress, cluster: cluster}
 
-	patchHelper, err := patch.NewHelper(guestIngress, r.Client)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	conditionsBefore := slices.Clone(guestIngress.Status.Conditions)
+	// What was read: the deferred patch writes what the reconcile changed since.
+	before := guestIngress.DeepCopy()
 	defer func() {
-		if err := r.patch(ctx, patchHelper, s, conditionsBefore, reterr == nil); err != nil {
+		if err := r.patch(ctx, before, s, reterr == nil); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
@@ -233,30 +243,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return r.reconcileDelete(ctx, s)
 	}
 
-	// Store the finalizer before anything is created, so a deletion always finds it. The
-	// deferred patch writes it; its update event brings the object straight back.
-	if controllerutil.AddFinalizer(guestIngress, guestnetv1.GuestIngressFinalizer) {
-		return ctrl.Result{}, nil
+	if !controllerutil.ContainsFinalizer(guestIngress, guestnetv1.GuestIngressFinalizer) {
+		if err := r.storeFinalizer(ctx, before, guestIngress); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 
 	return r.reconcileNormal(ctx, s)
 }
 
-// patch writes the GuestIngress back. Unless it is paused, the status is derived first from
-// what the reconcile observed and did (updateStatus) and, after a reconcile without error,
+// storeFinalizer writes the finalizer before anything is created, so a deletion always finds
+// it: alone, at once, on the object as read (before, which then has it too). The reconcile
+// goes on, and its status is written once, at its end: the finalizer costs no reconcile and
+// no status write of its own.
+func (r *Reconciler) storeFinalizer(ctx context.Context, before, gi *guestnetv1.GuestIngress) error {
+	withFinalizer := before.DeepCopy()
+	controllerutil.AddFinalizer(withFinalizer, guestnetv1.GuestIngressFinalizer)
+	written := withFinalizer.DeepCopy()
+	if err := r.Client.Patch(ctx, written, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("adding finalizer: %w", err)
+	}
+	r.ownWrites.Replaced(client.ObjectKeyFromObject(before), before.ResourceVersion)
+	// (written has what the apiserver answered: all managed fields, which the cache drops.)
+	withFinalizer.ResourceVersion = written.ResourceVersion
+	withFinalizer.DeepCopyInto(before)
+	gi.Finalizers, gi.ResourceVersion = withFinalizer.Finalizers, withFinalizer.ResourceVersion
+	return nil
+}
+
+// patch writes what the reconcile changed on the GuestIngress since before, in one status
+// write (clusterscope.Patch). Unless it is paused, the status is derived first from what the
+// reconcile observed and did (updateStatus) and, after a reconcile without error,
 // status.observedGeneration is stamped. Condition changes are recorded as events once they
 // are stored.
-func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *scope, conditionsBefore []metav1.Condition, reconciled bool) error {
-	opts := []patch.Option{patch.WithOwnedConditions{Conditions: ownedConditions}}
+func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress, s *scope, reconciled bool) error {
+	gi := s.guestIngress
 	if !s.paused {
 		updateStatus(s)
 		if reconciled {
-			opts = append(opts, patch.WithStatusObservedGeneration{})
+			gi.Status.ObservedGeneration = gi.Generation
 		}
 	}
-	if err := patchHelper.Patch(ctx, s.guestIngress, opts...); err != nil {
+	written, err := clusterscope.Patch(ctx, r.Client, before, gi)
+	if written {
+		r.ownWrites.Replaced(client.ObjectKeyFromObject(gi), before.ResourceVersion)
+	}
+	if err != nil {
 		return err
 	}
-	clusterscope.RecordConditionChanges(r.recorder, s.guestIngress, conditionsBefore)
+	clusterscope.RecordConditionChanges(r.recorder, gi, before.Status.Conditions)
 	return nil
 }

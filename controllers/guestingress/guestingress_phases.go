@@ -511,7 +511,8 @@ func (r *Reconciler) readEndpoints(ctx context.Context, s *scope) error {
 func (r *Reconciler) assessPortsDeclared(ctx context.Context, s *scope) error {
 	gi := s.guestIngress.DeepCopy()
 	gi.Status.Ports = ingress.StatusPorts(gi, s.plan, s.result.HostService)
-	if err := ports.ReportPortsDeclared(ctx, r.Client, s.guestClient, s.cluster, gi, ports.ForGuestIngress(gi)); err != nil {
+	guest := r.CiliumConfigs.Reader(client.ObjectKeyFromObject(s.cluster), s.guestClient)
+	if err := ports.ReportPortsDeclared(ctx, r.Client, guest, s.cluster, gi, ports.ForGuestIngress(gi)); err != nil {
 		return err
 	}
 	s.result.PortsDeclared = conditions.Get(gi, guestnetv1.PortsDeclaredCondition)

@@ -28,12 +28,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
 
-func TestOwnedConditions(t *testing.T) {
-	g := NewWithT(t)
-	g.Expect(ownedConditions).To(ContainElements(guestnetv1.ReadyCondition, guestnetv1.PausedCondition, guestnetv1.AdmittedCondition))
-	g.Expect(ownedConditions).To(ContainElements(ingress.SummarisedConditions))
-}
-
 func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 	g := NewWithT(t)
 	gi := &guestnetv1.GuestIngress{ObjectMeta: metav1.ObjectMeta{

@@ -12,10 +12,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
 
-// ownedConditions are all conditions this controller writes; the patch helper lets its
-// values win over concurrent writers.
-var ownedConditions = append([]string{guestnetv1.ReadyCondition, guestnetv1.PausedCondition}, ingress.SummarisedConditions...)
-
 // updateStatus derives the status from what this reconcile observed, planned and did (the
 // scope), in one place, as CAPI's MachineDeployment controller does: every field and
 // condition is set anew, so a reconcile that stopped early leaves nothing of an earlier one

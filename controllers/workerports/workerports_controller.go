@@ -60,6 +60,10 @@ type Reconciler struct {
 	// which tunnel port the guest's Cilium uses.
 	ClusterCache clustercache.ClusterCache
 
+	// CiliumConfigs serves each guest's cilium-config, which is read on every reconcile;
+	// a memo of ports.CiliumConfigTTL when nil.
+	CiliumConfigs *ports.CiliumConfigMemo
+
 	// WatchFilterValue, when set, limits the controller to Clusters labelled
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
@@ -75,6 +79,9 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.APIReader == nil || r.ClusterCache == nil {
 		return errors.New("workerports: Client, APIReader and ClusterCache must not be nil")
+	}
+	if r.CiliumConfigs == nil {
+		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	err := ctrl.NewControllerManagedBy(mgr).
@@ -157,7 +164,7 @@ func (r *Reconciler) newScope(ctx context.Context, cluster *clusterv1.Cluster) (
 		}
 		return nil, err
 	}
-	required, _, err := ports.ForCluster(ctx, guest, cluster, consumers)
+	required, _, err := ports.ForCluster(ctx, r.CiliumConfigs.Reader(client.ObjectKeyFromObject(cluster), guest), cluster, consumers)
 	if err != nil {
 		r.recorder.Eventf(cluster, nil, corev1.EventTypeWarning, "WorkerPortsUnknown", "DeclarePorts", "Cannot compute the worker ports: %v", err)
 		return nil, err

@@ -40,6 +40,9 @@ type ControlPlaneOptions struct {
 	// process only (in a mount namespace of its own), so that it resolves names the way a
 	// hosted control plane pod does with its cluster's DNS (see hostDNS).
 	ResolvConf string
+	// Audit writes the apiserver's audit log (every request's verb, resource, user and user
+	// agent, at Metadata level) to AuditLogPath: what tests count a client's requests from.
+	Audit bool
 }
 
 // ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
@@ -117,6 +120,18 @@ func (cp *ControlPlane) LogPath(component string) string {
 }
 
 func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.Options.Dir, name) }
+
+// AuditLogPath is the apiserver's audit log (JSON lines, one audit.k8s.io/v1 Event per
+// request) when the control plane runs with Audit.
+func (cp *ControlPlane) AuditLogPath() string { return cp.path("audit.log") }
+
+// auditPolicy records every request once, when its response is complete, without bodies.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+`
 
 func (cp *ControlPlane) writePKI() error {
 	dir := cp.Options.Dir
@@ -276,6 +291,14 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		"--proxy-client-key-file=" + p("front-proxy-client.key"),
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
+	}
+	if cp.Options.Audit {
+		if err := os.WriteFile(p("audit-policy.yaml"), []byte(auditPolicy), 0o600); err != nil {
+			return err
+		}
+		// Blocking mode: an event is in the file before the response is sent.
+		args = append(args, "--audit-policy-file="+p("audit-policy.yaml"), "--audit-log-path="+cp.AuditLogPath(),
+			"--audit-log-format=json", "--audit-log-mode=blocking", "--audit-log-maxsize=0")
 	}
 	if cp.Options.ResolvConf != "" {
 		if bin, args, err = withResolvConf(cp.Options.ResolvConf, bin, args); err != nil {

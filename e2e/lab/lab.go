@@ -71,6 +71,9 @@ type Options struct {
 	SkipGuest bool
 	// SkipLabPolicy starts the lab without the lab-wide GuestIngressPolicy (LabPolicy).
 	SkipLabPolicy bool
+	// Audit makes both apiservers write an audit log (ControlPlane.AuditLogPath), for tests
+	// that count the manager's requests.
+	Audit bool
 }
 
 // Start starts the host and guest control planes in parallel, installs the CRDs in the
@@ -113,14 +116,14 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	wg.Go(func() {
 		l.Host, hostErr = startCluster(ctx, assets, ControlPlaneOptions{
 			Name: "host", Address: HostAPIServerAddress, ServiceCIDR: HostServiceCIDR,
-			ControllerManager: true, Dir: filepath.Join(opts.Dir, "host"),
+			ControllerManager: true, Dir: filepath.Join(opts.Dir, "host"), Audit: opts.Audit,
 		})
 	})
 	if !opts.SkipGuest {
 		wg.Go(func() {
 			l.Guest, guestErr = startCluster(ctx, assets, ControlPlaneOptions{
 				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR,
-				Dir: filepath.Join(opts.Dir, "guest"), ResolvConf: resolvConf,
+				Dir: filepath.Join(opts.Dir, "guest"), ResolvConf: resolvConf, Audit: opts.Audit,
 			})
 		})
 	}

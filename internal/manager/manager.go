@@ -110,6 +110,10 @@ func ClientOptions() client.Options {
 			// Reads of Secrets and ConfigMaps go to the API server: caching every one of
 			// them in the host cluster would cost memory, and OOMKills leave no logs.
 			DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
+			// The kinds guestnet has no Go types for (Cilium's pools and L2 policies,
+			// KubevirtMachineTemplates) are read from the cache too: controller-runtime
+			// reads unstructured objects live unless told, and every reconcile reads them.
+			Unstructured: true,
 		},
 	}
 }
