@@ -190,7 +190,7 @@ release-manifests: $(KUSTOMIZE) ## Write the clusterctl release files (addon-com
 # The files of a GitHub release, all in RELEASE_DIR; SHA256SUMS lists them (the release
 # workflow uploads what it lists).
 RELEASE_FILES = addon-components.yaml metadata.yaml \
-	$(notdir $(wildcard templates/cluster-template*.yaml templates/clusterclass-*.yaml)) \
+	$(notdir $(wildcard templates/*.yaml)) \
 	$(notdir $(IMAGE_ARCHIVE))
 
 .PHONY: release

@@ -33,6 +33,6 @@ mkdir -p "$dir"
 mv "$dir/addon-components.yaml.tmp" "$dir/addon-components.yaml"
 cp metadata.yaml "$dir/metadata.yaml"
 shopt -s nullglob
-templates=(templates/cluster-template*.yaml templates/clusterclass-*.yaml templates/guestingresspolicy.yaml)
+templates=(templates/*.yaml) # every file of templates/ is a release file (the Makefile's RELEASE_FILES)
 if ((${#templates[@]})); then cp "${templates[@]}" "$dir/"; fi
 echo "release $tag written to $dir: $(cd "$dir" && ls | tr '\n' ' ')"
