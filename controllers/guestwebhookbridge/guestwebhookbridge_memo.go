@@ -29,6 +29,23 @@ type probeAnswer struct {
 	inputs string
 	result bridge.ProbeResult
 	at     time.Time
+	// failures counts the failed answers in a row for these inputs.
+	failures int
+}
+
+// firstRetryAfter is how long a failed probe is kept before it is asked again; each further
+// failure for the same inputs doubles it, up to recheckAfter. What makes a probe fail is often
+// what nothing here watches and what fixes itself (a datapath that programs the host Service
+// after its endpoints are ready, a server still starting), so a failure is not kept as long as
+// an answer.
+const firstRetryAfter = 5 * time.Second
+
+// keptFor is how long the answer is reused.
+func (a probeAnswer) keptFor() time.Duration {
+	if a.result.OK() {
+		return recheckAfter
+	}
+	return min(recheckAfter, firstRetryAfter<<min(a.failures-1, 10))
 }
 
 type readAnswer struct {
@@ -42,26 +59,37 @@ func newMemo() *memo {
 }
 
 // probe returns the answer for the target key of bridge uid when one is known for these
-// inputs and still fresh.
-func (m *memo) probe(uid types.UID, key, inputs string) (bridge.ProbeResult, time.Time, bool) {
+// inputs and still fresh, and how long it stays so.
+func (m *memo) probe(uid types.UID, key, inputs string) (bridge.ProbeResult, time.Duration, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	a, ok := m.probes[uid][key]
-	if !ok || a.inputs != inputs || m.now().Sub(a.at) >= recheckAfter {
-		return bridge.ProbeResult{}, time.Time{}, false
+	if !ok || a.inputs != inputs {
+		return bridge.ProbeResult{}, 0, false
 	}
-	return a.result, a.at, true
+	left := a.keptFor() - m.now().Sub(a.at)
+	if left <= 0 {
+		return bridge.ProbeResult{}, 0, false
+	}
+	return a.result, left, true
 }
 
-func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResult) time.Time {
+// storeProbe keeps r as the answer for these inputs, and returns how long it is kept.
+func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResult) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.probes[uid] == nil {
 		m.probes[uid] = map[string]probeAnswer{}
 	}
-	at := m.now()
-	m.probes[uid][key] = probeAnswer{inputs: inputs, result: r, at: at}
-	return at
+	a := probeAnswer{inputs: inputs, result: r, at: m.now()}
+	if !r.OK() {
+		a.failures = 1
+		if prev, ok := m.probes[uid][key]; ok && prev.inputs == inputs && !prev.result.OK() {
+			a.failures = prev.failures + 1
+		}
+	}
+	m.probes[uid][key] = a
+	return a.keptFor()
 }
 
 // keepProbes forgets the answers of bridge uid for targets keep lacks.

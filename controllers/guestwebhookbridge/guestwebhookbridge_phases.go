@@ -550,7 +550,8 @@ func describeRewrite(tp *bridge.TargetPlan) string {
 // probe calls every target that goes through the bridge as the guest apiserver will: at
 // its host Service, verifying the certificate for the name it dials. A target whose probe
 // inputs (bridge.ProbeInputs) did not change since its last probe keeps that answer until
-// recheckAfter; the others are probed, in parallel. It returns when the next answer expires.
+// recheckAfter (a failure, with backoff, from firstRetryAfter); the others are probed, in
+// parallel. It returns when the next answer expires.
 func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) time.Duration {
 	m := r.memo()
 	uid := s.bridge.UID
@@ -577,9 +578,9 @@ func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) tim
 		inputs := bridge.ProbeInputs{Addr: addr, ServerName: tp.TLSServerName, CABundle: tp.CABundle, Insecure: insecure,
 			Endpoints: endpoints, Recheck: s.bridge.Annotations[guestnetv1.RecheckAnnotation]}.Key()
 		keep[tp.Key()] = true
-		if result, at, ok := m.probe(uid, tp.Key(), inputs); ok {
+		if result, left, ok := m.probe(uid, tp.Key(), inputs); ok {
 			tp.SetProbe(result, s.bridge, addr)
-			next = min(next, max(time.Second, recheckAfter-m.now().Sub(at)))
+			next = min(next, max(time.Second, left))
 			continue
 		}
 		wg.Go(func() {
@@ -587,9 +588,10 @@ func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) tim
 			if ctx.Err() != nil {
 				return // cancelled: not an answer
 			}
-			m.storeProbe(uid, tp.Key(), inputs, result)
+			kept := m.storeProbe(uid, tp.Key(), inputs, result)
 			mu.Lock()
 			tp.SetProbe(result, s.bridge, addr)
+			next = min(next, kept)
 			mu.Unlock()
 		})
 	}

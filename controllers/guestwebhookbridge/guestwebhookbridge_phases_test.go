@@ -95,14 +95,14 @@ func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 	g.Expect(bridge.Finalizers).To(Equal([]string{"someone.else/finalizer"}))
 }
 
-// The memo reuses an answer for the same inputs until recheckAfter, and asks again for other
-// inputs or later.
+// The memo reuses an answer for the same inputs until recheckAfter (a failure, with backoff
+// from 5s), and asks again for other inputs or later.
 func TestMemo(t *testing.T) {
 	g := NewWithT(t)
 	now := time.Unix(1000, 0)
 	m := newMemo()
 	m.now = func() time.Time { return now }
-	m.storeProbe("uid", "target", "inputs-1", bridge.ProbeResult{Answered: true})
+	m.storeProbe("uid", "target", "inputs-1", bridge.ProbeResult{Answered: true, Verified: true})
 	_, _, ok := m.probe("uid", "target", "inputs-1")
 	g.Expect(ok).To(BeTrue())
 	_, _, ok = m.probe("uid", "target", "inputs-2")
@@ -110,6 +110,24 @@ func TestMemo(t *testing.T) {
 	now = now.Add(recheckAfter)
 	_, _, ok = m.probe("uid", "target", "inputs-1")
 	g.Expect(ok).To(BeFalse(), "the safety recheck")
+
+	// A failure is asked again after 5s, 10s, 20s, ... for the same inputs, up to recheckAfter.
+	refused := bridge.ProbeResult{Detail: "connection refused"}
+	for _, want := range []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second} {
+		g.Expect(m.storeProbe("uid", "target", "inputs-1", refused)).To(Equal(want))
+		_, left, ok := m.probe("uid", "target", "inputs-1")
+		g.Expect(ok).To(BeTrue())
+		g.Expect(left).To(Equal(want))
+		now = now.Add(want)
+		_, _, ok = m.probe("uid", "target", "inputs-1")
+		g.Expect(ok).To(BeFalse(), "asked again after %s", want)
+	}
+	for range 10 {
+		m.storeProbe("uid", "target", "inputs-1", refused)
+	}
+	g.Expect(m.storeProbe("uid", "target", "inputs-1", refused)).To(Equal(recheckAfter))
+	g.Expect(m.storeProbe("uid", "target", "inputs-2", refused)).To(Equal(5*time.Second), "other inputs start over")
+	g.Expect(m.storeProbe("uid", "target", "inputs-2", bridge.ProbeResult{Answered: true, Verified: true})).To(Equal(recheckAfter))
 
 	reads := 0
 	read := func() (any, error) { reads++; return reads, nil }
