@@ -29,23 +29,23 @@ type probeAnswer struct {
 	inputs string
 	result bridge.ProbeResult
 	at     time.Time
-	// failures counts the failed answers in a row for these inputs.
-	failures int
+	// unanswered counts the probes in a row, for these inputs, that no server answered.
+	unanswered int
 }
 
-// firstRetryAfter is how long a failed probe is kept before it is asked again; each further
-// failure for the same inputs doubles it, up to recheckAfter. What makes a probe fail is often
-// what nothing here watches and what fixes itself (a datapath that programs the host Service
-// after its endpoints are ready, a server still starting), so a failure is not kept as long as
-// an answer.
+// firstRetryAfter is how long a probe that no server answered (refused, timed out) is kept
+// before it is asked again; each further one for the same inputs doubles it, up to
+// recheckAfter. That failure often fixes itself without a change guestnet sees (a datapath
+// that programs the host Service after its endpoints are ready, a server still starting). A
+// server's answer, verified or not (an expired certificate), is kept recheckAfter.
 const firstRetryAfter = 5 * time.Second
 
 // keptFor is how long the answer is reused.
 func (a probeAnswer) keptFor() time.Duration {
-	if a.result.OK() {
+	if a.result.Answered {
 		return recheckAfter
 	}
-	return min(recheckAfter, firstRetryAfter<<min(a.failures-1, 10))
+	return min(recheckAfter, firstRetryAfter<<min(a.unanswered-1, 10))
 }
 
 type readAnswer struct {
@@ -82,10 +82,10 @@ func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResul
 		m.probes[uid] = map[string]probeAnswer{}
 	}
 	a := probeAnswer{inputs: inputs, result: r, at: m.now()}
-	if !r.OK() {
-		a.failures = 1
-		if prev, ok := m.probes[uid][key]; ok && prev.inputs == inputs && !prev.result.OK() {
-			a.failures = prev.failures + 1
+	if !r.Answered {
+		a.unanswered = 1
+		if prev, ok := m.probes[uid][key]; ok && prev.inputs == inputs && !prev.result.Answered {
+			a.unanswered = prev.unanswered + 1
 		}
 	}
 	m.probes[uid][key] = a

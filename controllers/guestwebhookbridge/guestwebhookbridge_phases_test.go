@@ -95,8 +95,8 @@ func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 	g.Expect(bridge.Finalizers).To(Equal([]string{"someone.else/finalizer"}))
 }
 
-// The memo reuses an answer for the same inputs until recheckAfter (a failure, with backoff
-// from 5s), and asks again for other inputs or later.
+// The memo reuses an answer for the same inputs until recheckAfter (a probe no server
+// answered, with backoff from 5s), and asks again for other inputs or later.
 func TestMemo(t *testing.T) {
 	g := NewWithT(t)
 	now := time.Unix(1000, 0)
@@ -111,7 +111,8 @@ func TestMemo(t *testing.T) {
 	_, _, ok = m.probe("uid", "target", "inputs-1")
 	g.Expect(ok).To(BeFalse(), "the safety recheck")
 
-	// A failure is asked again after 5s, 10s, 20s, ... for the same inputs, up to recheckAfter.
+	// A probe no server answered is asked again after 5s, 10s, 20s, ... for the same inputs, up
+	// to recheckAfter; a server's answer, even a failing one, is kept recheckAfter.
 	refused := bridge.ProbeResult{Detail: "connection refused"}
 	for _, want := range []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second} {
 		g.Expect(m.storeProbe("uid", "target", "inputs-1", refused)).To(Equal(want))
@@ -127,7 +128,7 @@ func TestMemo(t *testing.T) {
 	}
 	g.Expect(m.storeProbe("uid", "target", "inputs-1", refused)).To(Equal(recheckAfter))
 	g.Expect(m.storeProbe("uid", "target", "inputs-2", refused)).To(Equal(5*time.Second), "other inputs start over")
-	g.Expect(m.storeProbe("uid", "target", "inputs-2", bridge.ProbeResult{Answered: true, Verified: true})).To(Equal(recheckAfter))
+	g.Expect(m.storeProbe("uid", "target", "inputs-2", bridge.ProbeResult{Answered: true, Detail: "certificate expired"})).To(Equal(recheckAfter))
 
 	reads := 0
 	read := func() (any, error) { reads++; return reads, nil }
