@@ -210,6 +210,18 @@ func newEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clus
 
 // newEnvWithoutManager is newEnv for tests that run managers of their own.
 func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
+	e := newEnvWith(t, nil, tmpl, mutateMD...)
+	e.settleRollout(2)
+	return e
+}
+
+// newEnvWith creates the guest cluster of newEnvWithoutManager, after start(e) when set (a
+// test starts the real CAPI there), and leaves the rollout to whoever plays or runs CAPI.
+func newEnvWith(t *testing.T, start func(*env), tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
+	return newEnvWithOptions(t, start, tmpl, nil, mutateMD...)
+}
+
+func newEnvWithOptions(t *testing.T, start func(*env), tmpl lab.WorkerTemplateOptions, opts []lab.GuestClusterOption, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
 	t.Parallel()
 	l := controllertest.Lab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -226,8 +238,11 @@ func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD
 		})).To(Succeed())
 	})
 
+	if start != nil {
+		start(e)
+	}
 	var err error
-	e.gc, err = l.CreateGuestCluster(ctx, e.ns, "guest-1", tmpl)
+	e.gc, err = l.CreateGuestCluster(ctx, e.ns, "guest-1", tmpl, opts...)
 	e.g.Expect(err).NotTo(HaveOccurred())
 	if len(mutateMD) > 0 {
 		md := e.machineDeployment()
@@ -236,7 +251,6 @@ func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD
 		}
 		e.g.Expect(l.Host.Client.Update(ctx, md)).To(Succeed())
 	}
-	e.settleRollout(2)
 	return e
 }
 

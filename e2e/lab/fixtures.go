@@ -65,7 +65,7 @@ type WorkerTemplateOptions struct {
 // cluster: the namespace, a provisioned Cluster, its <cluster>-kubeconfig Secret pointing at
 // the guest apiserver, a worker KubevirtMachineTemplate with a masquerade interface, and a
 // MachineDeployment using it.
-func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl WorkerTemplateOptions) (*GuestCluster, error) {
+func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl WorkerTemplateOptions, opts ...GuestClusterOption) (*GuestCluster, error) {
 	c := l.Host.Client
 	gc := &GuestCluster{Namespace: ns, Name: name, WorkerTemplate: name + "-md-0", MachineDeployment: name + "-md-0"}
 	if err := createNamespaces(ctx, c, ns); err != nil {
@@ -80,6 +80,9 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
 		},
+	}
+	for _, o := range opts {
+		o.cluster(cluster)
 	}
 	if err := c.Create(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("creating Cluster: %w", err)
@@ -118,9 +121,10 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 				Spec: clusterv1.MachineSpec{
 					ClusterName: name,
 					Version:     "v1.37.2",
-					Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
-						APIGroup: "bootstrap.cluster.x-k8s.io", Kind: "K0sWorkerConfigTemplate", Name: name + "-md-0",
-					}},
+					// A ready bootstrap Secret instead of a bootstrap provider's config
+					// template: no bootstrap provider runs in the lab, and the real CAPI
+					// (StartCAPI) needs the referenced template to exist to create Machines.
+					Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To(name + "-md-0-bootstrap")},
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 						APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: ports.KubevirtMachineTemplateGVK.Kind, Name: gc.WorkerTemplate,
 					},
@@ -128,10 +132,39 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			},
 		},
 	}
+	for _, o := range opts {
+		o.machineDeployment(md)
+	}
 	if err := c.Create(ctx, md); err != nil {
 		return nil, fmt.Errorf("creating MachineDeployment: %w", err)
 	}
 	return gc, nil
+}
+
+// GuestClusterOption changes the Cluster and MachineDeployment CreateGuestCluster creates.
+type GuestClusterOption struct {
+	cluster           func(*clusterv1.Cluster)
+	machineDeployment func(*clusterv1.MachineDeployment)
+}
+
+// WithCAPIWatchFilter labels the Cluster, the MachineDeployment and its Machine template with
+// CAPI's watch-filter label, so that the real CAPI started with that filter (StartCAPI)
+// reconciles them, and their MachineSets and Machines, which inherit the template's labels.
+func WithCAPIWatchFilter(value string) GuestClusterOption {
+	return GuestClusterOption{
+		cluster: func(c *clusterv1.Cluster) { setLabel(&c.Labels, clusterv1.WatchLabel, value) },
+		machineDeployment: func(md *clusterv1.MachineDeployment) {
+			setLabel(&md.Labels, clusterv1.WatchLabel, value)
+			setLabel(&md.Spec.Template.Labels, clusterv1.WatchLabel, value)
+		},
+	}
+}
+
+func setLabel(labels *map[string]string, key, value string) {
+	if *labels == nil {
+		*labels = map[string]string{}
+	}
+	(*labels)[key] = value
 }
 
 // workerTemplate is a KubevirtMachineTemplate as users write them for masquerade workers,

@@ -1,0 +1,96 @@
+package workerports_test
+
+// The worker ports controller against the real Cluster API core manager (lab.StartCAPI),
+// instead of lab.SetMachineDeploymentStatus: CAPI's own MachineDeployment and MachineSet
+// controllers react to guestnet's repointed MachineDeployment, and guestnet reads the status
+// they write. No infrastructure provider runs, so Machines are created (with their
+// KubevirtMachines cloned from the template) but never provisioned: a rollout starts and
+// never finishes, which is what "one rollout at a time" has to cope with.
+
+import (
+	"context"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
+
+// A GuestIngress that needs a NodePort the worker template does not declare makes guestnet
+// repoint the MachineDeployment at a new template; the real MachineDeployment controller
+// then creates one new MachineSet for that template (surging one Machine, whose
+// KubevirtMachine is cloned from the new template) and keeps the old one, and guestnet
+// declares nothing more while that rollout runs.
+func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
+	filter := "capi-" + utilrand.String(6)
+	e := newEnvWithOptions(t, func(e *env) {
+		capi, err := e.l.StartCAPI(e.ctx, e.ns, filter)
+		e.g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(capi.Stop)
+	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.WithCAPIWatchFilter(filter)})
+	original := e.gc.WorkerTemplate
+
+	// CAPI's first rollout: one MachineSet of the user's template with both Machines; they
+	// are up to date (current template) though never provisioned.
+	e.g.Eventually(func(g Gomega) {
+		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{original: 2}))
+		md := e.machineDeployment()
+		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
+		g.Expect(ptr.Deref(md.Status.UpToDateReplicas, -1)).To(BeEquivalentTo(2))
+	}).Should(Succeed())
+
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+		return manager.SetupWorkerPorts(ctx, mgr, cc, o)
+	})
+	e.createGuestIngress("web", 30080)
+	first := e.eventuallyRepointed(original).Spec.Template.Spec.InfrastructureRef.Name
+	e.g.Expect(e.analyze(*e.template(first)).Declared).To(ContainElement(ports.TCP(30080)))
+
+	// The real rollout: a new MachineSet for the new template with one Machine (maxSurge 1),
+	// the old one keeps both (maxUnavailable 0, and no new Machine ever becomes available).
+	e.g.Eventually(e.machineSetTemplates).Should(Equal(map[string]int32{original: 2, first: 1}))
+	e.g.Eventually(func(g Gomega) []string { return e.kubevirtMachinesClonedFrom(g) }).
+		Should(ConsistOf(original, original, first))
+
+	// One rollout at a time: a second missing port waits while CAPI still rolls out.
+	e.createGuestIngress("web-2", 30081)
+	e.g.Consistently(func(g Gomega) {
+		g.Expect(e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name).To(Equal(first))
+		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{original: 2, first: 1}))
+	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
+}
+
+// machineSetTemplates maps the infrastructure template of each of the MachineDeployment's
+// MachineSets (CAPI's) to its desired replicas.
+func (e *env) machineSetTemplates(g Gomega) map[string]int32 {
+	list := &clusterv1.MachineSetList{}
+	g.Expect(e.l.Host.Client.List(e.ctx, list, client.InNamespace(e.ns),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: e.gc.MachineDeployment})).To(Succeed())
+	out := map[string]int32{}
+	for _, ms := range list.Items {
+		out[ms.Spec.Template.Spec.InfrastructureRef.Name] = ptr.Deref(ms.Spec.Replicas, 0)
+	}
+	return out
+}
+
+// kubevirtMachinesClonedFrom lists, for each KubevirtMachine CAPI created, the template it
+// was cloned from.
+func (e *env) kubevirtMachinesClonedFrom(g Gomega) []string {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtMachineList"))
+	g.Expect(e.l.Host.Client.List(e.ctx, list, client.InNamespace(e.ns))).To(Succeed())
+	var out []string
+	for _, m := range list.Items {
+		out = append(out, m.GetAnnotations()[clusterv1.TemplateClonedFromNameAnnotation])
+	}
+	return out
+}

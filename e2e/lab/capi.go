@@ -1,0 +1,206 @@
+package lab
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// CAPIPodAddress is the host pod IP of the lab's Cluster API controller pods: where their
+// webhook servers are published (each on a port of its own).
+const CAPIPodAddress = "10.244.0.3"
+
+// capiWebhookPort is the webhook server's port inside a CAPI manager's pod namespace
+// (CAPI's default); health and diagnostics listen on 127.0.0.1 there.
+const capiWebhookPort = 9443
+
+// CAPI is a real Cluster API core manager (sigs.k8s.io/cluster-api/core, built by the
+// Makefile as capi-manager) running against the host apiserver, for the objects of one
+// watch filter (CAPI's --watch-filter: the label cluster.x-k8s.io/watch-filter, see
+// WithCAPIWatchFilter) in one namespace.
+//
+// It runs in a pod network namespace of its own (newPodNetnsTo): its webhook server listens
+// on ":9443", every address, with no flag to choose one, which is harmless there only. The
+// host and guest apiservers are reachable from it (egress forwarders); its webhook server is
+// published at CAPIPodAddress:<free port>, with a serving certificate from the host CA.
+//
+// It reconciles only labelled objects, so that the lab's other tests, which play CAPI with
+// SetMachineDeploymentStatus, keep their MachineDeployments to themselves; its admission
+// webhooks are registered with url clientConfigs and a namespaceSelector for the same
+// reason. Not --namespace: with it CAPI v1.14.2's MachineDeployment controller fails on
+// every reconcile ("failed to cast MachineSet informer to SharedIndexInformer", a
+// namespaced cache's informer is not one). Not registered: the CRD conversion webhooks (cluster-wide; the lab and
+// guestnet speak v1beta2 only, the CRDs' storage version) and the webhooks of the
+// cluster-scoped ExtensionConfig (RuntimeSDK is off). The CRD migration phases are skipped
+// (each manager would migrate every namespace's objects), and so are the MachineSet
+// preflight checks: they read the Cluster's control plane, a K0smotronControlPlane whose
+// CRD the lab does not install.
+type CAPI struct {
+	Namespace string
+	// WebhookAddress is host:port of the published webhook server.
+	WebhookAddress string
+
+	l        *Lab
+	netns    *podNetns
+	proc     *process
+	webhooks []client.Object
+	stopOnce sync.Once
+}
+
+// StartCAPI starts the CAPI core manager for the objects of namespace ns labelled with
+// watchFilter (WithCAPIWatchFilter), with ClusterTopology enabled, waits
+// until it is ready (its webhook server serves), then registers its admission webhooks. It
+// logs to <lab>/capi-<ns>.log. Stop it with Stop (the lab stops it too).
+func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, err error) {
+	bin, err := findFile(l.Assets.binDirs, "capi-manager")
+	if err != nil {
+		return nil, err
+	}
+	manifests, err := os.ReadFile(filepath.Join(l.Assets.CRDDir, "capi-webhooks", "manifests.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("CAPI webhook manifests: %w (run `make lab-assets`)", err)
+	}
+	name := "capi-" + ns
+	c := &CAPI{Namespace: ns, l: l}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	certDir := filepath.Join(l.Dir, name+"-certs")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := l.Host.CA.IssueFiles(certDir, "tls", CertRequest{
+		CommonName: "capi-webhook-service", IPs: []net.IP{net.ParseIP(CAPIPodAddress)}, Server: true,
+	}); err != nil {
+		return nil, err
+	}
+	if c.netns, err = newPodNetnsTo(l.Dir, name, HostAPIServerAddress, GuestAPIServerAddress); err != nil {
+		return nil, err
+	}
+	if c.WebhookAddress, err = c.netns.publishAt(hostPort(CAPIPodAddress, 0), capiWebhookPort); err != nil {
+		return nil, err
+	}
+	cmd, args := c.netns.command(bin,
+		"--kubeconfig="+l.Host.KubeconfigPath,
+		"--watch-filter="+watchFilter,
+		"--machineset-preflight-checks=",
+		"--feature-gates=ClusterTopology=true",
+		"--leader-elect=false",
+		"--health-addr=127.0.0.1:9440",
+		"--diagnostics-address=127.0.0.1:8443",
+		"--insecure-diagnostics",
+		fmt.Sprintf("--webhook-port=%d", capiWebhookPort),
+		"--webhook-cert-dir="+certDir,
+		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields",
+	)
+	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
+		return nil, err
+	}
+	l.onStop(c.Stop)
+
+	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return c.netns.dial(ctx, addr) },
+	}}
+	if err := c.proc.waitReady(readyCtx, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9440/readyz", nil)
+		resp, err := probe.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz: %s", resp.Status)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := c.registerWebhooks(ctx, manifests); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// registerWebhooks creates CAPI's mutating and validating webhook configurations (core
+// config/webhook/manifests.yaml) under names of this manager, each webhook pointing at the
+// published server by url and limited to the manager's namespace.
+func (c *CAPI) registerWebhooks(ctx context.Context, manifests []byte) error {
+	objs, err := DecodeObjects(manifests)
+	if err != nil {
+		return fmt.Errorf("CAPI webhook manifests: %w", err)
+	}
+	caBundle := base64.StdEncoding.EncodeToString(c.l.Host.CA.CertPEM())
+	for _, o := range objs {
+		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+		var kept []any
+		for _, h := range hooks {
+			hook := h.(map[string]any)
+			if clusterScoped(hook) {
+				continue
+			}
+			path, _, _ := unstructured.NestedString(hook, "clientConfig", "service", "path")
+			hook["clientConfig"] = map[string]any{
+				"url":      "https://" + c.WebhookAddress + path,
+				"caBundle": caBundle,
+			}
+			hook["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": c.Namespace}}
+			kept = append(kept, hook)
+		}
+		if err := unstructured.SetNestedSlice(o.Object, kept, "webhooks"); err != nil {
+			return err
+		}
+		o.SetName("capi-" + c.Namespace + "-" + o.GetName())
+		if err := c.l.Host.Client.Create(ctx, o); err != nil {
+			return fmt.Errorf("registering CAPI webhooks %s: %w", o.GetName(), err)
+		}
+		c.webhooks = append(c.webhooks, o)
+	}
+	return nil
+}
+
+// clusterScoped reports whether a webhook is for ExtensionConfigs, the one cluster-scoped
+// kind of CAPI core (a namespaceSelector cannot limit it to one namespace).
+func clusterScoped(hook map[string]any) bool {
+	rules, _, _ := unstructured.NestedSlice(hook, "rules")
+	for _, r := range rules {
+		res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+		for _, s := range res {
+			if strings.HasPrefix(s, "extensionconfigs") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Stop removes the webhook configurations and stops the manager; what it wrote stays.
+func (c *CAPI) Stop() {
+	c.stopOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, o := range c.webhooks {
+			_ = c.l.Host.Client.Delete(ctx, o)
+		}
+		c.proc.stop()
+		if c.netns != nil {
+			c.netns.close()
+		}
+	})
+}
+
+// LogPath is the manager's log file.
+func (c *CAPI) LogPath() string { return c.proc.logPath }
