@@ -38,6 +38,9 @@ func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
 		t.Cleanup(capi.Stop)
 	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.WithCAPIWatchFilter(filter)})
 	original := e.gc.WorkerTemplate
+	// CAPI's defaulting webhook is registered: it put the cluster name into the selector,
+	// which the lab's MachineDeployment does not carry.
+	e.g.Expect(e.machineDeployment().Spec.Selector.MatchLabels).To(HaveKeyWithValue(clusterv1.ClusterNameLabel, e.gc.Name))
 
 	// CAPI's first rollout: one MachineSet of the user's template with both Machines; they
 	// are up to date (current template) though never provisioned.

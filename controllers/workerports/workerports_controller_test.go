@@ -3,9 +3,10 @@ package workerports_test
 // Lab tests of the worker ports controller with the real CAPI and CAPK CRDs: the host
 // apiserver stores MachineDeployments and KubevirtMachineTemplates exactly as CAPI and CAPK
 // define them, and the guest apiserver holds the guest Cilium's kube-system/cilium-config.
-// No CAPI controller runs in the lab: tests play CAPI's rollout with
-// lab.SetMachineDeploymentStatus, and replace workers with lab.AddWorker/RemoveWorker (a VM
-// keeps the ports of the template it was created from, as in KubeVirt).
+// These tests play CAPI's rollout with lab.SetMachineDeploymentStatus (their rollouts must
+// finish, which needs an infrastructure provider), and replace workers with
+// lab.AddWorker/RemoveWorker (a VM keeps the ports of the template it was created from, as in
+// KubeVirt); realcapi_test.go runs the real CAPI core manager instead (lab.StartCAPI).
 //
 // Run with: make test TEST_PKGS=./controllers/workerports/... TEST_ARGS='-v'
 
