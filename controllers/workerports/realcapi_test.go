@@ -9,6 +9,7 @@ package workerports_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -29,14 +31,16 @@ import (
 // repoint the MachineDeployment at a new template; the real MachineDeployment controller
 // then creates one new MachineSet for that template (surging one Machine, whose
 // KubevirtMachine is cloned from the new template) and keeps the old one, and guestnet
-// declares nothing more while that rollout runs.
+// declares nothing more while that rollout runs. Once the VMs boot (played CAPK) the rollout
+// finishes, and once the old VMs are gone (not merely when CAPI stops reporting a rollout)
+// the next port is declared; the template no longer used is deleted.
 func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
 	filter := "capi-" + utilrand.String(6)
 	e := newEnvWithOptions(t, func(e *env) {
 		capi, err := e.l.StartCAPI(e.ctx, e.ns, filter)
 		e.g.Expect(err).NotTo(HaveOccurred())
 		t.Cleanup(capi.Stop)
-	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.WithCAPIWatchFilter(filter)})
+	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.ForRealCAPI(filter)})
 	original := e.gc.WorkerTemplate
 	// CAPI's defaulting webhook is registered: it put the cluster name into the selector,
 	// which the lab's MachineDeployment does not carry.
@@ -70,6 +74,46 @@ func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
 		g.Expect(e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name).To(Equal(first))
 		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{original: 2, first: 1}))
 	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
+
+	// Play CAPK: the VMs boot, CAPI replaces the old workers one by one; CAPK holds each
+	// deleted one until its VM is gone, the first at once, the last for good. With the last
+	// old worker being deleted, every desired worker is up to date, but CAPI still reports
+	// the rollout (RollingOut True) while its VM runs: guestnet waits for it.
+	e.g.Eventually(func(g Gomega) {
+		_, err := e.l.ProvisionKubevirtMachines(e.ctx, e.ns)
+		g.Expect(err).NotTo(HaveOccurred())
+		if old := e.kubevirtMachinesClonedFrom(g); len(slices.DeleteFunc(old, func(t string) bool { return t != original })) > 1 {
+			_, err := e.l.ReleaseDeletedKubevirtMachines(e.ctx, e.ns)
+			g.Expect(err).NotTo(HaveOccurred())
+		}
+		md := e.machineDeployment()
+		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
+		g.Expect(ptr.Deref(md.Status.UpToDateReplicas, 0)).To(BeEquivalentTo(2))
+		g.Expect(conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)).To(BeTrue())
+		g.Expect(e.kubevirtMachinesClonedFrom(g)).To(ContainElement(original), "an old worker is still being deleted")
+	}).Should(Succeed())
+	e.g.Consistently(func() string { return e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name }).
+		WithTimeout(quiet).WithPolling(interval).Should(Equal(first))
+
+	// The old VMs go: only then guestnet declares the second port, in the next template.
+	var second string
+	e.g.Eventually(func(g Gomega) {
+		_, err := e.l.ReleaseDeletedKubevirtMachines(e.ctx, e.ns)
+		g.Expect(err).NotTo(HaveOccurred())
+		second = e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name
+		g.Expect(second).NotTo(Equal(first))
+	}).Should(Succeed())
+	e.g.Expect(e.analyze(*e.template(second)).Declared).To(ContainElements(ports.TCP(30080), ports.TCP(30081)))
+
+	// The second rollout finishes too; the first generated template goes with its MachineSet.
+	e.g.Eventually(func(g Gomega) {
+		_, err := e.l.ProvisionKubevirtMachines(e.ctx, e.ns)
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = e.l.ReleaseDeletedKubevirtMachines(e.ctx, e.ns)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{second: 2}))
+		g.Expect(names(e.generatedTemplates())).To(ConsistOf(second))
+	}).Should(Succeed())
 }
 
 // machineSetTemplates maps the infrastructure template of each of the MachineDeployment's

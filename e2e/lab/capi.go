@@ -8,12 +8,22 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // CAPIPodAddress is the host pod IP of the lab's Cluster API controller pods: where their
@@ -27,7 +37,7 @@ const capiWebhookPort = 9443
 // CAPI is a real Cluster API core manager (sigs.k8s.io/cluster-api/core, built by the
 // Makefile as capi-manager) running against the host apiserver, for the objects of one
 // watch filter (CAPI's --watch-filter: the label cluster.x-k8s.io/watch-filter, see
-// WithCAPIWatchFilter) in one namespace.
+// ForRealCAPI) in one namespace.
 //
 // It runs in a pod network namespace of its own (newPodNetnsTo): its webhook server listens
 // on ":9443", every address, with no flag to choose one, which is harmless there only. The
@@ -58,7 +68,7 @@ type CAPI struct {
 }
 
 // StartCAPI starts the CAPI core manager for the objects of namespace ns labelled with
-// watchFilter (WithCAPIWatchFilter), with ClusterTopology enabled, waits
+// watchFilter (ForRealCAPI), with ClusterTopology enabled, waits
 // until it is ready (its webhook server serves), then registers its admission webhooks. It
 // logs to <lab>/capi-<ns>.log. Stop it with Stop (the lab stops it too).
 func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, err error) {
@@ -105,6 +115,9 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 		"--webhook-cert-dir="+certDir,
 		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields",
 	)
+	if err := l.installControlPlaneCRD(ctx); err != nil {
+		return nil, err
+	}
 	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
 		return nil, err
 	}
@@ -204,3 +217,138 @@ func (c *CAPI) Stop() {
 
 // LogPath is the manager's log file.
 func (c *CAPI) LogPath() string { return c.proc.logPath }
+
+// ProvisionKubevirtMachines plays CAPK (and KubeVirt) for the real CAPI: every KubevirtMachine
+// of namespace ns that is not ready yet gets CAPK's finalizer and providerID
+// (kubevirt://<name>, the VM is named after it) and status.ready, and the guest a Ready Node
+// of that name and providerID, as when the VM has booted and joined. CAPI then finds the
+// Node, the Machine becomes available and a rollout goes on. A Machine CAPI deletes stays
+// until its KubevirtMachine is gone, which is when ReleaseDeletedKubevirtMachines plays CAPK
+// having deleted the VM. It returns how many it provisioned; call it again for the Machines a
+// rollout creates next. No virt-launcher pod is created (AddWorker does that).
+func (l *Lab) ProvisionKubevirtMachines(ctx context.Context, ns string) (int, error) {
+	list := newUnstructuredList(kubevirtMachineGVK)
+	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range list.Items {
+		m := &list.Items[i]
+		if ready, _, _ := unstructured.NestedBool(m.Object, "status", "ready"); ready || m.GetDeletionTimestamp() != nil {
+			continue
+		}
+		providerID := "kubevirt://" + m.GetName()
+		m.SetFinalizers(append(m.GetFinalizers(), capkMachineFinalizer))
+		if err := unstructured.SetNestedField(m.Object, providerID, "spec", "providerID"); err != nil {
+			return n, err
+		}
+		if err := l.Host.Client.Update(ctx, m); err != nil {
+			return n, fmt.Errorf("setting providerID of KubevirtMachine %s: %w", m.GetName(), err)
+		}
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.GetName()}, Spec: corev1.NodeSpec{ProviderID: providerID}}
+		if err := l.Guest.Client.Create(ctx, node); client.IgnoreAlreadyExists(err) != nil {
+			return n, fmt.Errorf("creating guest Node %s: %w", m.GetName(), err)
+		}
+		// As a kubelet reports them: CAPI's NodeHealthy needs the pressure conditions too.
+		now := metav1.Now()
+		node.Status.Conditions = []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "lab node (played CAPK)", LastHeartbeatTime: now, LastTransitionTime: now,
+		}}
+		for _, t := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure} {
+			node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{
+				Type: t, Status: corev1.ConditionFalse, Reason: "KubeletHas" + strings.TrimSuffix(string(t), "Pressure") + "Available",
+				LastHeartbeatTime: now, LastTransitionTime: now,
+			})
+		}
+		if err := l.Guest.Client.Status().Update(ctx, node); err != nil {
+			return n, fmt.Errorf("setting status of guest Node %s: %w", m.GetName(), err)
+		}
+		if err := unstructured.SetNestedField(m.Object, true, "status", "ready"); err != nil {
+			return n, err
+		}
+		if err := l.Host.Client.Status().Update(ctx, m); err != nil {
+			return n, fmt.Errorf("setting KubevirtMachine %s ready: %w", m.GetName(), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// ReleaseDeletedKubevirtMachines plays CAPK once the VM of a deleted KubevirtMachine is gone:
+// it removes CAPK's finalizer from every KubevirtMachine of namespace ns being deleted, and
+// returns how many.
+func (l *Lab) ReleaseDeletedKubevirtMachines(ctx context.Context, ns string) (int, error) {
+	list := newUnstructuredList(kubevirtMachineGVK)
+	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range list.Items {
+		m := &list.Items[i]
+		if m.GetDeletionTimestamp() == nil || !slices.Contains(m.GetFinalizers(), capkMachineFinalizer) {
+			continue
+		}
+		m.SetFinalizers(slices.DeleteFunc(m.GetFinalizers(), func(f string) bool { return f == capkMachineFinalizer }))
+		if err := l.Host.Client.Update(ctx, m); client.IgnoreNotFound(err) != nil {
+			return n, fmt.Errorf("releasing KubevirtMachine %s: %w", m.GetName(), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// capkMachineFinalizer is CAPK's finalizer on a KubevirtMachine (api/v1alpha1 MachineFinalizer).
+const capkMachineFinalizer = "kubevirtmachine.infrastructure.cluster.x-k8s.io"
+
+var kubevirtMachineGVK = ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtMachine")
+
+// The lab's stand-in for k0smotron's control plane CRD: nothing of k0smotron runs, but CAPI
+// reads the Cluster's control plane (initialized, ready) and refuses to delete a Machine's
+// Node without it. Any spec and status; labelled for contract v1beta1 (the contract of
+// k0smotron's v1beta1 API), so CAPI resolves the reference.
+var controlPlaneGVK = schema.GroupVersionKind{Group: "controlplane.cluster.x-k8s.io", Version: "v1beta1", Kind: "K0smotronControlPlane"}
+
+func (l *Lab) installControlPlaneCRD(ctx context.Context) error {
+	preserve := &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr.To(true)}
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   "k0smotroncontrolplanes." + controlPlaneGVK.Group,
+			Labels: map[string]string{"cluster.x-k8s.io/v1beta1": controlPlaneGVK.Version, "lab.guestnet.dev/stand-in": "true"},
+		},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: controlPlaneGVK.Group,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: controlPlaneGVK.Kind, ListKind: controlPlaneGVK.Kind + "List", Plural: "k0smotroncontrolplanes", Singular: "k0smotroncontrolplane"},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: controlPlaneGVK.Version, Served: true, Storage: true,
+				Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: preserve},
+				Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
+			}},
+		},
+	}
+	_, err := envtest.InstallCRDs(l.Host.Config, envtest.CRDInstallOptions{
+		CRDs: []*apiextensionsv1.CustomResourceDefinition{crd}, MaxTime: time.Minute, PollInterval: 100 * time.Millisecond,
+	})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("installing the stand-in control plane CRD: %w", err)
+	}
+	return nil
+}
+
+// createControlPlane creates the guest cluster's K0smotronControlPlane, initialized and
+// ready, as k0smotron reports a running hosted control plane.
+func (l *Lab) createControlPlane(ctx context.Context, gc *GuestCluster) error {
+	cp := newUnstructured(controlPlaneGVK)
+	cp.SetNamespace(gc.Namespace)
+	cp.SetName(gc.Name)
+	cp.Object["spec"] = map[string]any{"version": "v1.37.2"}
+	if err := l.Host.Client.Create(ctx, cp); err != nil {
+		return fmt.Errorf("creating K0smotronControlPlane: %w", err)
+	}
+	cp.Object["status"] = map[string]any{"initialized": true, "ready": true, "externalManagedControlPlane": true, "version": "v1.37.2"}
+	if err := l.Host.Client.Status().Update(ctx, cp); err != nil {
+		return fmt.Errorf("setting K0smotronControlPlane status: %w", err)
+	}
+	return nil
+}

@@ -82,15 +82,24 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		},
 	}
 	for _, o := range opts {
-		o.cluster(cluster)
+		if o.cluster != nil {
+			o.cluster(cluster)
+		}
 	}
 	if err := c.Create(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("creating Cluster: %w", err)
 	}
-	// clustercache only connects to provisioned clusters.
+	// clustercache only connects to provisioned clusters. The condition is what the real
+	// Cluster controller (StartCAPI) sets once the control plane says so, and never unsets;
+	// the lab has no control-plane object for it to read (no k0smotron), and the real
+	// Machine controller looks for Nodes only once it is True.
 	cluster.Status.Initialization = clusterv1.ClusterInitializationStatus{
 		InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true),
 	}
+	cluster.Status.Conditions = []metav1.Condition{{
+		Type: clusterv1.ClusterControlPlaneInitializedCondition, Status: metav1.ConditionTrue,
+		Reason: clusterv1.ClusterControlPlaneInitializedReason, LastTransitionTime: metav1.Now(),
+	}}
 	if err := c.Status().Update(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
 	}
@@ -133,29 +142,46 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		},
 	}
 	for _, o := range opts {
-		o.machineDeployment(md)
+		if o.machineDeployment != nil {
+			o.machineDeployment(md)
+		}
 	}
 	if err := c.Create(ctx, md); err != nil {
 		return nil, fmt.Errorf("creating MachineDeployment: %w", err)
 	}
+	for _, o := range opts {
+		if o.after != nil {
+			if err := o.after(ctx, l, gc); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return gc, nil
 }
 
-// GuestClusterOption changes the Cluster and MachineDeployment CreateGuestCluster creates.
+// GuestClusterOption changes the Cluster and MachineDeployment CreateGuestCluster creates,
+// and may add objects once they exist.
 type GuestClusterOption struct {
 	cluster           func(*clusterv1.Cluster)
 	machineDeployment func(*clusterv1.MachineDeployment)
+	after             func(context.Context, *Lab, *GuestCluster) error
 }
 
-// WithCAPIWatchFilter labels the Cluster, the MachineDeployment and its Machine template with
-// CAPI's watch-filter label, so that the real CAPI started with that filter (StartCAPI)
-// reconciles them, and their MachineSets and Machines, which inherit the template's labels.
-func WithCAPIWatchFilter(value string) GuestClusterOption {
+// ForRealCAPI makes the guest cluster one for the real CAPI started with watchFilter
+// (StartCAPI): the Cluster, the MachineDeployment and its Machine template carry CAPI's
+// watch-filter label (MachineSets and Machines inherit the template's labels), and the
+// Cluster's control plane exists, initialized and ready, as k0smotron reports it (a
+// K0smotronControlPlane of the lab's stand-in CRD, which StartCAPI installs): CAPI reads it
+// before it deletes a Machine's Node.
+func ForRealCAPI(watchFilter string) GuestClusterOption {
 	return GuestClusterOption{
-		cluster: func(c *clusterv1.Cluster) { setLabel(&c.Labels, clusterv1.WatchLabel, value) },
+		cluster: func(c *clusterv1.Cluster) { setLabel(&c.Labels, clusterv1.WatchLabel, watchFilter) },
 		machineDeployment: func(md *clusterv1.MachineDeployment) {
-			setLabel(&md.Labels, clusterv1.WatchLabel, value)
-			setLabel(&md.Spec.Template.Labels, clusterv1.WatchLabel, value)
+			setLabel(&md.Labels, clusterv1.WatchLabel, watchFilter)
+			setLabel(&md.Spec.Template.Labels, clusterv1.WatchLabel, watchFilter)
+		},
+		after: func(ctx context.Context, l *Lab, gc *GuestCluster) error {
+			return l.createControlPlane(ctx, gc)
 		},
 	}
 }
