@@ -53,8 +53,8 @@ const capiWebhookPort = 9443
 // guestnet speak v1beta2 only, the CRDs' storage version) and the webhooks of the
 // cluster-scoped ExtensionConfig (RuntimeSDK is off). The CRD migration phases are skipped
 // (each manager would migrate every namespace's objects), and so are the MachineSet
-// preflight checks: they read the Cluster's control plane, a K0smotronControlPlane whose
-// CRD the lab does not install.
+// preflight checks: they judge the Cluster's control plane, which the lab only stands in
+// for (a K0smotronControlPlane of a stand-in CRD, ForRealCAPI).
 type CAPI struct {
 	Namespace string
 	// WebhookAddress is host:port of the published webhook server.
