@@ -35,9 +35,9 @@ const CAPIPodAddress = "10.244.0.3"
 const capiWebhookPort = 9443
 
 // CAPI is a real Cluster API core manager (sigs.k8s.io/cluster-api/core, built by the
-// Makefile as capi-manager) running against the host apiserver, for the objects of one
-// watch filter (CAPI's --watch-filter: the label cluster.x-k8s.io/watch-filter, see
-// ForRealCAPI) in one namespace.
+// Makefile as capi-manager) running against the host apiserver for the objects of one watch
+// filter (CAPI's --watch-filter: the label cluster.x-k8s.io/watch-filter, see ForRealCAPI),
+// its admission webhooks serving one namespace.
 //
 // It runs in a pod network namespace of its own (newPodNetnsTo): its webhook server listens
 // on ":9443", every address, with no flag to choose one, which is harmless there only. The
@@ -48,13 +48,13 @@ const capiWebhookPort = 9443
 // SetMachineDeploymentStatus, keep their MachineDeployments to themselves; its admission
 // webhooks are registered with url clientConfigs and a namespaceSelector for the same
 // reason. Not --namespace: with it CAPI v1.14.2's MachineDeployment controller fails on
-// every reconcile ("failed to cast MachineSet informer to SharedIndexInformer", a
-// namespaced cache's informer is not one). Not registered: the CRD conversion webhooks (cluster-wide; the lab and
-// guestnet speak v1beta2 only, the CRDs' storage version) and the webhooks of the
-// cluster-scoped ExtensionConfig (RuntimeSDK is off). The CRD migration phases are skipped
-// (each manager would migrate every namespace's objects), and so are the MachineSet
-// preflight checks: they judge the Cluster's control plane, which the lab only stands in
-// for (a K0smotronControlPlane of a stand-in CRD, ForRealCAPI).
+// every reconcile ("failed to cast MachineSet informer to SharedIndexInformer": a namespaced
+// cache's informer is not one). Not registered: the CRD conversion webhooks (cluster-wide;
+// the lab and guestnet speak v1beta2 only, the CRDs' storage version) and the webhooks of the
+// cluster-scoped ExtensionConfig (a namespaceSelector cannot limit them). The CRD migration
+// phases are skipped (each manager would migrate every namespace's objects), and so are the
+// MachineSet preflight checks: they judge the Cluster's control plane, which the lab only
+// stands in for (a K0smotronControlPlane of a stand-in CRD, ForRealCAPI).
 type CAPI struct {
 	Namespace string
 	// WebhookAddress is host:port of the published webhook server.
@@ -67,10 +67,11 @@ type CAPI struct {
 	stopOnce sync.Once
 }
 
-// StartCAPI starts the CAPI core manager for the objects of namespace ns labelled with
-// watchFilter (ForRealCAPI), with ClusterTopology enabled, waits
-// until it is ready (its webhook server serves), then registers its admission webhooks. It
-// logs to <lab>/capi-<ns>.log. Stop it with Stop (the lab stops it too).
+// StartCAPI starts the CAPI core manager for the objects labelled with watchFilter
+// (ForRealCAPI), with ClusterTopology enabled, installs the stand-in control plane CRD,
+// waits until the manager is ready (its webhook server serves), then registers its admission
+// webhooks for namespace ns. It logs to <lab>/capi-<ns>.log. Stop it with Stop (the lab
+// stops it too).
 func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, err error) {
 	bin, err := findFile(l.Assets.binDirs, "capi-manager")
 	if err != nil {
