@@ -105,6 +105,45 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 	e.g.Expect(e.template(e.gc.WorkerTemplate)).NotTo(BeNil(), "the user's template is kept")
 }
 
+// A generated template an old MachineSet still references is kept, and deleted when CAPI
+// deletes that MachineSet, though the MachineDeployment does not change any more (found with
+// the real CAPI: it deletes the old MachineSet after the rollout's last status update).
+func TestTemplateOfADeletedMachineSetIsDeleted(t *testing.T) {
+	e := newEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
+	e.createBridge("webhooks")
+	first := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
+	old := &clusterv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: e.gc.MachineDeployment + "-old",
+			Labels: map[string]string{clusterv1.ClusterNameLabel: e.gc.Name, clusterv1.MachineDeploymentNameLabel: e.gc.MachineDeployment}},
+		Spec: clusterv1.MachineSetSpec{
+			ClusterName: e.gc.Name,
+			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{"old": "true"}},
+			Template: clusterv1.MachineTemplateSpec{
+				ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"old": "true"}},
+				Spec: clusterv1.MachineSpec{
+					ClusterName: e.gc.Name,
+					Bootstrap:   clusterv1.Bootstrap{DataSecretName: ptr.To("bootstrap")},
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: ports.KubevirtMachineTemplateGVK.Kind, Name: first,
+					},
+				},
+			},
+		},
+	}
+	e.g.Expect(e.l.Host.Client.Create(e.ctx, old)).To(Succeed())
+
+	e.settleRollout(2)
+	e.createGuestIngress("web", 30080)
+	second := e.eventuallyRepointed(first).Spec.Template.Spec.InfrastructureRef.Name
+	e.settleRollout(2)
+	e.eventuallyEvent("WorkerPortsDeclared", "now uses KubevirtMachineTemplate "+second)
+	e.g.Consistently(func() []string { return names(e.generatedTemplates()) }).
+		WithTimeout(quiet).WithPolling(interval).Should(ConsistOf(first, second), "the old MachineSet still references the first")
+
+	e.g.Expect(e.l.Host.Client.Delete(e.ctx, old)).To(Succeed())
+	e.g.Eventually(func() []string { return names(e.generatedTemplates()) }).Should(ConsistOf(second))
+}
+
 // A template without a ports list forwards every port: nothing to declare, nothing changes.
 func TestTemplateWithoutPortsListIsLeftAlone(t *testing.T) {
 	e := newEnv(t, lab.WorkerTemplateOptions{})
