@@ -22,19 +22,21 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // A GuestIngress that needs a NodePort the worker template does not declare makes guestnet
-// repoint the MachineDeployment at a new template; the real MachineDeployment controller
+// repoint the MachineDeployment at a new template (named from the base); the real
+// MachineDeployment controller
 // then creates one new MachineSet for that template (surging one Machine, whose
 // KubevirtMachine is cloned from the new template) and keeps the old one, and guestnet
-// declares nothing more while that rollout runs. Once the VMs boot (played CAPK) the rollout
+// declares nothing more (the GuestIngress gains a port) while that rollout runs. Once the VMs boot (played CAPK) the rollout
 // finishes, and once the old VMs are gone (not merely when CAPI stops reporting a rollout)
 // the next port is declared; the template no longer used is deleted.
-func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
+func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 	filter := "capi-" + utilrand.String(6)
 	e := newEnvWithOptions(t, func(e *env) {
 		capi, err := e.l.StartCAPI(e.ctx, e.ns, filter)
@@ -69,7 +71,10 @@ func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
 		Should(ConsistOf(original, original, first))
 
 	// One rollout at a time: a second missing port waits while CAPI still rolls out.
-	e.createGuestIngress("web-2", 30081)
+	gi := &guestnetv1.GuestIngress{}
+	e.g.Expect(e.l.Host.Client.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: "web"}, gi)).To(Succeed())
+	gi.Spec.Ports = append(gi.Spec.Ports, guestnetv1.IngressPort{Name: "https", Port: 443, NodePort: ptr.To[int32](30081)})
+	e.g.Expect(e.l.Host.Client.Update(e.ctx, gi)).To(Succeed())
 	e.g.Consistently(func(g Gomega) {
 		g.Expect(e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name).To(Equal(first))
 		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{original: 2, first: 1}))
@@ -103,6 +108,7 @@ func TestRealCAPIRollsOutTheRepointedMachineDeployment(t *testing.T) {
 		second = e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name
 		g.Expect(second).NotTo(Equal(first))
 	}).Should(Succeed())
+	e.g.Expect(second).To(MatchRegexp(`^` + original + `-[0-9a-f]{10}$`))
 	e.g.Expect(e.analyze(*e.template(second)).Declared).To(ContainElements(ports.TCP(30080), ports.TCP(30081)))
 
 	// The second rollout finishes too; the first generated template goes with its MachineSet.

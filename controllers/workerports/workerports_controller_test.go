@@ -84,27 +84,6 @@ func TestDeclaresMissingPortsWithOneNewTemplate(t *testing.T) {
 	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
 }
 
-// A port required later creates the next template (named from the base again), but only
-// once the previous rollout is done; the template no longer used is deleted.
-func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
-	e := newEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
-	e.createBridge("webhooks")
-	first := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
-
-	// CAPI has not caught up with the repointed MachineDeployment yet: one rollout at a time.
-	e.createGuestIngress("web", 30080)
-	e.g.Consistently(func() string { return e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name }).
-		WithTimeout(quiet).WithPolling(interval).Should(Equal(first))
-
-	e.settleRollout(2)
-	second := e.eventuallyRepointed(first).Spec.Template.Spec.InfrastructureRef.Name
-	e.g.Expect(second).To(MatchRegexp(`^` + e.gc.WorkerTemplate + `-[0-9a-f]{10}$`))
-	e.g.Expect(e.analyze(*e.template(second)).Declared).To(ContainElement(ports.TCP(30080)))
-	e.g.Eventually(func() []string { return names(e.generatedTemplates()) }).WithTimeout(timeout).
-		Should(ConsistOf(second), "the first generated template is deleted once nothing uses it")
-	e.g.Expect(e.template(e.gc.WorkerTemplate)).NotTo(BeNil(), "the user's template is kept")
-}
-
 // A generated template an old MachineSet still references is kept, and deleted when CAPI
 // deletes that MachineSet, though the MachineDeployment does not change any more (found with
 // the real CAPI: it deletes the old MachineSet after the rollout's last status update).
