@@ -38,6 +38,8 @@ CERT_MANAGER_BIN   := $(CACHE_DIR)/cert-manager-$(CERT_MANAGER_VERSION)
 METRICS_SERVER_BIN := $(CACHE_DIR)/metrics-server-$(METRICS_SERVER_VERSION)
 CLUSTERCTL_BIN     := $(CACHE_DIR)/clusterctl-$(CLUSTERCTL_VERSION)
 CLUSTERCTL         := $(CLUSTERCTL_BIN)/clusterctl
+# The real Cluster API core manager the lab runs (lab.StartCAPI), same release as clusterctl.
+CAPI_MANAGER       := $(CLUSTERCTL_BIN)/capi-manager
 CILIUM_BIN         := $(CACHE_DIR)/cilium-$(CILIUM_LBIPAM_VERSION)
 CILIUM_LBIPAM      := $(CILIUM_BIN)/cilium-lbipam
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
@@ -57,7 +59,7 @@ THIRD_PARTY_ASSETS := $(CERT_MANAGER_WEBHOOK) $(CERT_MANAGER_CAINJECTOR) $(METRI
 	$(CERT_MANAGER_BIN)/crds/.complete $(METRICS_SERVER_BIN)/components.yaml
 # clusterctl, and next to it what the tests' local repositories of the Cluster API providers
 # need from the same release (CRDs and metadata.yaml, hack/fetch-clusterctl-assets.sh).
-CLUSTERCTL_ASSETS := $(CLUSTERCTL) $(CLUSTERCTL_BIN)/capi/.complete
+CLUSTERCTL_ASSETS := $(CLUSTERCTL) $(CLUSTERCTL_BIN)/capi/.complete $(CAPI_MANAGER)
 
 K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=1 \
@@ -249,7 +251,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, Cilium LB-IPAM) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
@@ -261,7 +263,8 @@ $(ETCD):
 $(K8S_BIN)/%:
 	@$(call build_step,$* (hack/tools/k8s),cd hack/tools/k8s && go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$* && mv $@.tmp $@)
 
-$(CRD_DIR)/.complete:
+# Fetched again when the script changes (what it copies).
+$(CRD_DIR)/.complete: hack/fetch-crds.sh
 	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION)
 
 $(CERT_MANAGER_BIN)/cert-manager-%:
@@ -286,6 +289,15 @@ $(CLUSTERCTL):
 		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
 	mkdir -p $(dir $@)
 	@$(call build_step,clusterctl $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@)
+
+# The Cluster API core manager (main package sigs.k8s.io/cluster-api/core; there is no root
+# main.go), in the same tools module as clusterctl: same pins, same compiled packages.
+$(CAPI_MANAGER): hack/tools/clusterctl/go.mod hack/tools/clusterctl/go.sum
+	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api $(CLUSTERCTL_VERSION)$$' hack/tools/clusterctl/go.mod || \
+		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,Cluster API core manager $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && \
+		go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/core && mv $@.tmp $@)
 
 # The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone);
 # rebuilt when its main or pins change (go build reuses its cache).

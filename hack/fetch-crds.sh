@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Copies the real CRDs of CAPI core, CAPK and Cilium, at pinned versions, from their Go
-# module zips into DEST, so the lab installs exactly what those projects ship.
+# module zips into DEST, so the lab installs exactly what those projects ship: every CRD of
+# CAPI core (cluster, addons, ipam and runtime groups) and, in DEST/capi-webhooks, the core
+# manager's admission webhook configurations (lab.StartCAPI registers them with url clientConfigs).
 # Usage: fetch-crds.sh DEST CAPI_VERSION CAPK_VERSION CILIUM_VERSION
 set -euo pipefail
 dest=$1 capi=$2 capk=$3 cilium=$4
@@ -9,13 +11,23 @@ moddir() { # module@version -> extracted module directory in the module cache
   (cd "$(mktemp -d)" && go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 }
 
-rm -rf "$dest" && mkdir -p "$dest"/{capi,capk,cilium}
+rm -rf "$dest" && mkdir -p "$dest"/{capi,capi-webhooks,capk,cilium}
 capi_dir=$(moddir "sigs.k8s.io/cluster-api@$capi")
 capk_dir=$(moddir "sigs.k8s.io/cluster-api-provider-kubevirt@$capk")
 cilium_dir=$(moddir "github.com/cilium/cilium@$cilium")
 
-cp "$capi_dir"/core/config/crd/bases/cluster.x-k8s.io_*.yaml "$dest/capi/"
+cp "$capi_dir"/core/config/crd/bases/*.yaml "$dest/capi/"
+cp "$capi_dir"/core/config/webhook/manifests.yaml "$dest/capi-webhooks/"
 cp "$capk_dir"/config/crd/bases/infrastructure.cluster.x-k8s.io_*.yaml "$dest/capk/"
+# CAPK's release labels its CRDs with the contract versions they implement (commonLabels of
+# its config/crd kustomization): CAPI finds the served version of a referenced kind by them.
+labels=$(sed -n '/^commonLabels:/,/^$/{/^  /p}' "$capk_dir"/config/crd/kustomization.yaml)
+[ -n "$labels" ] || { echo "no commonLabels in CAPK's config/crd/kustomization.yaml" >&2; exit 1; }
+for f in "$dest"/capk/*.yaml; do
+  grep -q '^  labels:' "$f" && { echo "$f already has labels" >&2; exit 1; }
+  awk -v labels="$labels" '{ print } /^metadata:$/ && !done { print "  labels:"; n = split(labels, l, "\n"); for (i = 1; i <= n; i++) print "  " l[i]; done = 1 }' "$f" > "$f.tmp"
+  mv "$f.tmp" "$f"
+done
 crds=$cilium_dir/pkg/k8s/apis/cilium.io/client/crds
 cp "$crds"/v2/ciliumloadbalancerippools.yaml "$crds"/v2alpha1/ciliuml2announcementpolicies.yaml "$dest/cilium/"
 chmod -R u+w "$dest"

@@ -34,7 +34,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -75,7 +77,8 @@ type Reconciler struct {
 // guestnet objects that add requirements, by the cluster's MachineDeployments (a repoint by
 // someone else is followed at once; a rollout finishing lets the next declaration through),
 // by the KubevirtMachineTemplates they reference (a MachineDeployment pointed at a template
-// created after it) and by the guest's cilium-config.
+// created after it), by deleted MachineSets (the template of an old one can go) and by the
+// guest's cilium-config.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.APIReader == nil || r.ClusterCache == nil {
 		return errors.New("workerports: Client, APIReader and ClusterCache must not be nil")
@@ -92,6 +95,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToCluster)).
 		// Metadata only: the templates themselves are read when a Cluster is reconciled.
 		Watches(templateMetadata(), handler.EnqueueRequestsFromMapFunc(r.templateToClusters)).
+		// A deleted MachineSet may free the template it referenced. CAPI deletes the old one
+		// after the rollout, often when the MachineDeployment no longer changes.
+		Watches(machineSetMetadata(), handler.EnqueueRequestsFromMapFunc(machineSetToCluster),
+			builder.WithPredicates(predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return false },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			})).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, func(_ context.Context, o client.Object) []ctrl.Request {
 			return []ctrl.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
 		})).
@@ -209,6 +220,20 @@ func (r *Reconciler) templateToClusters(ctx context.Context, o client.Object) []
 		}
 	}
 	return out
+}
+
+func machineSetMetadata() *metav1.PartialObjectMetadata {
+	ms := &metav1.PartialObjectMetadata{}
+	ms.SetGroupVersionKind(clusterv1.GroupVersion.WithKind("MachineSet"))
+	return ms
+}
+
+// machineSetToCluster maps a MachineSet to its Cluster (CAPI labels it with the name).
+func machineSetToCluster(_ context.Context, o client.Object) []reconcile.Request {
+	if name := o.GetLabels()[clusterv1.ClusterNameLabel]; name != "" {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
+	}
+	return nil
 }
 
 func machineDeploymentToCluster(_ context.Context, o client.Object) []reconcile.Request {

@@ -3,9 +3,10 @@ package workerports_test
 // Lab tests of the worker ports controller with the real CAPI and CAPK CRDs: the host
 // apiserver stores MachineDeployments and KubevirtMachineTemplates exactly as CAPI and CAPK
 // define them, and the guest apiserver holds the guest Cilium's kube-system/cilium-config.
-// No CAPI controller runs in the lab: tests play CAPI's rollout with
-// lab.SetMachineDeploymentStatus, and replace workers with lab.AddWorker/RemoveWorker (a VM
-// keeps the ports of the template it was created from, as in KubeVirt).
+// These tests play CAPI's rollout with lab.SetMachineDeploymentStatus (their rollouts must
+// finish, which needs an infrastructure provider), and replace workers with
+// lab.AddWorker/RemoveWorker (a VM keeps the ports of the template it was created from, as in
+// KubeVirt); realcapi_test.go runs the real CAPI core manager instead (lab.StartCAPI).
 //
 // Run with: make test TEST_PKGS=./controllers/workerports/... TEST_ARGS='-v'
 
@@ -83,25 +84,43 @@ func TestDeclaresMissingPortsWithOneNewTemplate(t *testing.T) {
 	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
 }
 
-// A port required later creates the next template (named from the base again), but only
-// once the previous rollout is done; the template no longer used is deleted.
-func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
+// A generated template an old MachineSet still references is kept, and deleted when CAPI
+// deletes that MachineSet, though the MachineDeployment does not change any more (found with
+// the real CAPI: it deletes the old MachineSet after the rollout's last status update).
+func TestTemplateOfADeletedMachineSetIsDeleted(t *testing.T) {
 	e := newEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
 	e.createBridge("webhooks")
 	first := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
-
-	// CAPI has not caught up with the repointed MachineDeployment yet: one rollout at a time.
-	e.createGuestIngress("web", 30080)
-	e.g.Consistently(func() string { return e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name }).
-		WithTimeout(quiet).WithPolling(interval).Should(Equal(first))
+	old := &clusterv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: e.gc.MachineDeployment + "-old",
+			Labels: map[string]string{clusterv1.ClusterNameLabel: e.gc.Name, clusterv1.MachineDeploymentNameLabel: e.gc.MachineDeployment}},
+		Spec: clusterv1.MachineSetSpec{
+			ClusterName: e.gc.Name,
+			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{"old": "true"}},
+			Template: clusterv1.MachineTemplateSpec{
+				ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"old": "true"}},
+				Spec: clusterv1.MachineSpec{
+					ClusterName: e.gc.Name,
+					Bootstrap:   clusterv1.Bootstrap{DataSecretName: ptr.To("bootstrap")},
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: ports.KubevirtMachineTemplateGVK.Kind, Name: first,
+					},
+				},
+			},
+		},
+	}
+	e.g.Expect(e.l.Host.Client.Create(e.ctx, old)).To(Succeed())
 
 	e.settleRollout(2)
+	e.createGuestIngress("web", 30080)
 	second := e.eventuallyRepointed(first).Spec.Template.Spec.InfrastructureRef.Name
-	e.g.Expect(second).To(MatchRegexp(`^` + e.gc.WorkerTemplate + `-[0-9a-f]{10}$`))
-	e.g.Expect(e.analyze(*e.template(second)).Declared).To(ContainElement(ports.TCP(30080)))
-	e.g.Eventually(func() []string { return names(e.generatedTemplates()) }).WithTimeout(timeout).
-		Should(ConsistOf(second), "the first generated template is deleted once nothing uses it")
-	e.g.Expect(e.template(e.gc.WorkerTemplate)).NotTo(BeNil(), "the user's template is kept")
+	e.settleRollout(2)
+	e.eventuallyEvent("WorkerPortsDeclared", "now uses KubevirtMachineTemplate "+second)
+	e.g.Consistently(func() []string { return names(e.generatedTemplates()) }).
+		WithTimeout(quiet).WithPolling(interval).Should(ConsistOf(first, second), "the old MachineSet still references the first")
+
+	e.g.Expect(e.l.Host.Client.Delete(e.ctx, old)).To(Succeed())
+	e.g.Eventually(func() []string { return names(e.generatedTemplates()) }).Should(ConsistOf(second))
 }
 
 // A template without a ports list forwards every port: nothing to declare, nothing changes.
@@ -210,6 +229,18 @@ func newEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clus
 
 // newEnvWithoutManager is newEnv for tests that run managers of their own.
 func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
+	e := newEnvWith(t, nil, tmpl, mutateMD...)
+	e.settleRollout(2)
+	return e
+}
+
+// newEnvWith creates the guest cluster of newEnvWithoutManager, after start(e) when set (a
+// test starts the real CAPI there), and leaves the rollout to whoever plays or runs CAPI.
+func newEnvWith(t *testing.T, start func(*env), tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
+	return newEnvWithOptions(t, start, tmpl, nil, mutateMD...)
+}
+
+func newEnvWithOptions(t *testing.T, start func(*env), tmpl lab.WorkerTemplateOptions, opts []lab.GuestClusterOption, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
 	t.Parallel()
 	l := controllertest.Lab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -226,8 +257,11 @@ func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD
 		})).To(Succeed())
 	})
 
+	if start != nil {
+		start(e)
+	}
 	var err error
-	e.gc, err = l.CreateGuestCluster(ctx, e.ns, "guest-1", tmpl)
+	e.gc, err = l.CreateGuestCluster(ctx, e.ns, "guest-1", tmpl, opts...)
 	e.g.Expect(err).NotTo(HaveOccurred())
 	if len(mutateMD) > 0 {
 		md := e.machineDeployment()
@@ -236,7 +270,6 @@ func newEnvWithoutManager(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD
 		}
 		e.g.Expect(l.Host.Client.Update(ctx, md)).To(Succeed())
 	}
-	e.settleRollout(2)
 	return e
 }
 

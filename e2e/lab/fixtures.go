@@ -65,7 +65,7 @@ type WorkerTemplateOptions struct {
 // cluster: the namespace, a provisioned Cluster, its <cluster>-kubeconfig Secret pointing at
 // the guest apiserver, a worker KubevirtMachineTemplate with a masquerade interface, and a
 // MachineDeployment using it.
-func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl WorkerTemplateOptions) (*GuestCluster, error) {
+func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl WorkerTemplateOptions, opts ...GuestClusterOption) (*GuestCluster, error) {
 	c := l.Host.Client
 	gc := &GuestCluster{Namespace: ns, Name: name, WorkerTemplate: name + "-md-0", MachineDeployment: name + "-md-0"}
 	if err := createNamespaces(ctx, c, ns); err != nil {
@@ -81,13 +81,25 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
 		},
 	}
+	for _, o := range opts {
+		if o.cluster != nil {
+			o.cluster(cluster)
+		}
+	}
 	if err := c.Create(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("creating Cluster: %w", err)
 	}
-	// clustercache only connects to provisioned clusters.
+	// clustercache only connects to provisioned clusters. The condition is what the real
+	// Cluster controller (StartCAPI) sets once the control plane says so, and never unsets;
+	// the lab has no control-plane object for it to read (no k0smotron), and the real
+	// Machine controller looks for Nodes only once it is True.
 	cluster.Status.Initialization = clusterv1.ClusterInitializationStatus{
 		InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true),
 	}
+	cluster.Status.Conditions = []metav1.Condition{{
+		Type: clusterv1.ClusterControlPlaneInitializedCondition, Status: metav1.ConditionTrue,
+		Reason: clusterv1.ClusterControlPlaneInitializedReason, LastTransitionTime: metav1.Now(),
+	}}
 	if err := c.Status().Update(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
 	}
@@ -118,9 +130,10 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 				Spec: clusterv1.MachineSpec{
 					ClusterName: name,
 					Version:     "v1.37.2",
-					Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
-						APIGroup: "bootstrap.cluster.x-k8s.io", Kind: "K0sWorkerConfigTemplate", Name: name + "-md-0",
-					}},
+					// A ready bootstrap Secret instead of a bootstrap provider's config
+					// template: no bootstrap provider runs in the lab, and the real CAPI
+					// (StartCAPI) needs the referenced template to exist to create Machines.
+					Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To(name + "-md-0-bootstrap")},
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 						APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: ports.KubevirtMachineTemplateGVK.Kind, Name: gc.WorkerTemplate,
 					},
@@ -128,10 +141,56 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			},
 		},
 	}
+	for _, o := range opts {
+		if o.machineDeployment != nil {
+			o.machineDeployment(md)
+		}
+	}
 	if err := c.Create(ctx, md); err != nil {
 		return nil, fmt.Errorf("creating MachineDeployment: %w", err)
 	}
+	for _, o := range opts {
+		if o.after != nil {
+			if err := o.after(ctx, l, gc); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return gc, nil
+}
+
+// GuestClusterOption changes the Cluster and MachineDeployment CreateGuestCluster creates,
+// and may add objects once they exist.
+type GuestClusterOption struct {
+	cluster           func(*clusterv1.Cluster)
+	machineDeployment func(*clusterv1.MachineDeployment)
+	after             func(context.Context, *Lab, *GuestCluster) error
+}
+
+// ForRealCAPI makes the guest cluster one for the real CAPI started with watchFilter
+// (StartCAPI): the Cluster, the MachineDeployment and its Machine template carry CAPI's
+// watch-filter label (MachineSets and Machines inherit the template's labels), and the
+// Cluster's control plane exists, initialized and ready, as k0smotron reports it (a
+// K0smotronControlPlane of the lab's stand-in CRD, which StartCAPI installs): CAPI reads it
+// before it deletes a Machine's Node.
+func ForRealCAPI(watchFilter string) GuestClusterOption {
+	return GuestClusterOption{
+		cluster: func(c *clusterv1.Cluster) { setLabel(&c.Labels, clusterv1.WatchLabel, watchFilter) },
+		machineDeployment: func(md *clusterv1.MachineDeployment) {
+			setLabel(&md.Labels, clusterv1.WatchLabel, watchFilter)
+			setLabel(&md.Spec.Template.Labels, clusterv1.WatchLabel, watchFilter)
+		},
+		after: func(ctx context.Context, l *Lab, gc *GuestCluster) error {
+			return l.createControlPlane(ctx, gc)
+		},
+	}
+}
+
+func setLabel(labels *map[string]string, key, value string) {
+	if *labels == nil {
+		*labels = map[string]string{}
+	}
+	(*labels)[key] = value
 }
 
 // workerTemplate is a KubevirtMachineTemplate as users write them for masquerade workers,

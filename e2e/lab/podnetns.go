@@ -41,16 +41,25 @@ type podNetns struct {
 
 // newPodNetns creates the namespace <dir>/<name>.netns with lo up and the guest apiserver's
 // address local, and starts the egress forwarder to the guest apiserver.
-func newPodNetns(dir, name string) (_ *podNetns, err error) {
+func newPodNetns(dir, name string) (*podNetns, error) {
+	return newPodNetnsTo(dir, name, GuestAPIServerAddress)
+}
+
+// newPodNetnsTo creates the namespace <dir>/<name>.netns with lo up and each apiserver
+// address local, and starts an egress forwarder to each (port 6443).
+func newPodNetnsTo(dir, name string, apiservers ...string) (_ *podNetns, err error) {
 	n := &podNetns{name: name, path: dir + "/" + name + ".netns"}
 	if err := os.WriteFile(n.path, nil, 0o600); err != nil {
 		return nil, err
 	}
-	for _, args := range [][]string{
+	setup := [][]string{
 		{"unshare", "--net=" + n.path, "true"},
 		{"nsenter", "--net=" + n.path, "ip", "link", "set", "lo", "up"},
-		{"nsenter", "--net=" + n.path, "ip", "addr", "add", GuestAPIServerAddress + "/32", "dev", "lo"},
-	} {
+	}
+	for _, a := range apiservers {
+		setup = append(setup, []string{"nsenter", "--net=" + n.path, "ip", "addr", "add", a + "/32", "dev", "lo"})
+	}
+	for _, args := range setup {
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 			n.close()
 			return nil, fmt.Errorf("pod network namespace %s: %s: %v: %s", name, args, err, out)
@@ -64,17 +73,19 @@ func newPodNetns(dir, name string) (_ *podNetns, err error) {
 	if n.ns, err = os.Open(n.path); err != nil {
 		return nil, err
 	}
-	apiserver := hostPort(GuestAPIServerAddress, 6443)
-	var egress net.Listener
-	if err := n.do(func() (err error) { egress, err = net.Listen("tcp", apiserver); return err }); err != nil {
-		return nil, fmt.Errorf("pod network namespace %s: egress forwarder: %w", name, err)
-	}
-	n.track(egress)
-	n.wg.Go(func() {
-		serveForwardWith(egress, func(ctx context.Context) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "tcp", apiserver)
+	for _, a := range apiservers {
+		apiserver := hostPort(a, 6443)
+		var egress net.Listener
+		if err := n.do(func() (err error) { egress, err = net.Listen("tcp", apiserver); return err }); err != nil {
+			return nil, fmt.Errorf("pod network namespace %s: egress forwarder: %w", name, err)
+		}
+		n.track(egress)
+		n.wg.Go(func() {
+			serveForwardWith(egress, func(ctx context.Context) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "tcp", apiserver)
+			})
 		})
-	})
+	}
 	return n, nil
 }
 
@@ -95,6 +106,21 @@ func (n *podNetns) publish(w *Worker, port int32) error {
 		serveForwardWith(l, func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, target) })
 	})
 	return nil
+}
+
+// publishAt makes port of the pod namespace reachable at addr (host:port, port 0 for a free
+// one) in the lab namespace, as a Service of a host pod would; it returns the address.
+func (n *podNetns) publishAt(addr string, port int) (string, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("publishing %s port %d on %s: %w", n.name, port, addr, err)
+	}
+	n.track(l)
+	target := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	n.wg.Go(func() {
+		serveForwardWith(l, func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, target) })
+	})
+	return l.Addr().String(), nil
 }
 
 // dial connects to addr from inside the namespace.

@@ -1,0 +1,355 @@
+package lab
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
+
+// CAPIPodAddress is the host pod IP of the lab's Cluster API controller pods: where their
+// webhook servers are published (each on a port of its own).
+const CAPIPodAddress = "10.244.0.3"
+
+// capiWebhookPort is the webhook server's port inside a CAPI manager's pod namespace
+// (CAPI's default); health and diagnostics listen on 127.0.0.1 there.
+const capiWebhookPort = 9443
+
+// CAPI is a real Cluster API core manager (sigs.k8s.io/cluster-api/core, built by the
+// Makefile as capi-manager) running against the host apiserver for the objects of one watch
+// filter (CAPI's --watch-filter: the label cluster.x-k8s.io/watch-filter, see ForRealCAPI),
+// its admission webhooks serving one namespace.
+//
+// It runs in a pod network namespace of its own (newPodNetnsTo): its webhook server listens
+// on ":9443", every address, with no flag to choose one, which is harmless there only. The
+// host and guest apiservers are reachable from it (egress forwarders); its webhook server is
+// published at CAPIPodAddress:<free port>, with a serving certificate from the host CA.
+//
+// It reconciles only labelled objects, so that the lab's other tests, which play CAPI with
+// SetMachineDeploymentStatus, keep their MachineDeployments to themselves; its admission
+// webhooks are registered with url clientConfigs and a namespaceSelector for the same
+// reason. Not --namespace: with it CAPI v1.14.2's MachineDeployment controller fails on
+// every reconcile ("failed to cast MachineSet informer to SharedIndexInformer": a namespaced
+// cache's informer is not one). Not registered: the CRD conversion webhooks (cluster-wide;
+// the lab and guestnet speak v1beta2 only, the CRDs' storage version) and the webhooks of the
+// cluster-scoped ExtensionConfig (a namespaceSelector cannot limit them). The CRD migration
+// phases are skipped (each manager would migrate every namespace's objects), and so are the
+// MachineSet preflight checks: they judge the Cluster's control plane, which the lab only
+// stands in for (a K0smotronControlPlane of a stand-in CRD, ForRealCAPI).
+type CAPI struct {
+	Namespace string
+	// WebhookAddress is host:port of the published webhook server.
+	WebhookAddress string
+
+	l        *Lab
+	netns    *podNetns
+	proc     *process
+	webhooks []client.Object
+	stopOnce sync.Once
+}
+
+// StartCAPI starts the CAPI core manager for the objects labelled with watchFilter
+// (ForRealCAPI), with ClusterTopology enabled, installs the stand-in control plane CRD,
+// waits until the manager is ready (its webhook server serves), then registers its admission
+// webhooks for namespace ns. It logs to <lab>/capi-<ns>.log. Stop it with Stop (the lab
+// stops it too).
+func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, err error) {
+	bin, err := findFile(l.Assets.binDirs, "capi-manager")
+	if err != nil {
+		return nil, err
+	}
+	manifests, err := os.ReadFile(filepath.Join(l.Assets.CRDDir, "capi-webhooks", "manifests.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("CAPI webhook manifests: %w (run `make lab-assets`)", err)
+	}
+	name := "capi-" + ns
+	c := &CAPI{Namespace: ns, l: l}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	certDir := filepath.Join(l.Dir, name+"-certs")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := l.Host.CA.IssueFiles(certDir, "tls", CertRequest{
+		CommonName: "capi-webhook-service", IPs: []net.IP{net.ParseIP(CAPIPodAddress)}, Server: true,
+	}); err != nil {
+		return nil, err
+	}
+	if c.netns, err = newPodNetnsTo(l.Dir, name, HostAPIServerAddress, GuestAPIServerAddress); err != nil {
+		return nil, err
+	}
+	if c.WebhookAddress, err = c.netns.publishAt(hostPort(CAPIPodAddress, 0), capiWebhookPort); err != nil {
+		return nil, err
+	}
+	cmd, args := c.netns.command(bin,
+		"--kubeconfig="+l.Host.KubeconfigPath,
+		"--watch-filter="+watchFilter,
+		"--machineset-preflight-checks=",
+		"--feature-gates=ClusterTopology=true",
+		"--leader-elect=false",
+		"--health-addr=127.0.0.1:9440",
+		"--diagnostics-address=127.0.0.1:8443",
+		"--insecure-diagnostics",
+		fmt.Sprintf("--webhook-port=%d", capiWebhookPort),
+		"--webhook-cert-dir="+certDir,
+		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields",
+	)
+	if err := l.installControlPlaneCRD(ctx); err != nil {
+		return nil, err
+	}
+	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
+		return nil, err
+	}
+	l.onStop(c.Stop)
+
+	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return c.netns.dial(ctx, addr) },
+	}}
+	if err := c.proc.waitReady(readyCtx, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9440/readyz", nil)
+		resp, err := probe.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz: %s", resp.Status)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := c.registerWebhooks(ctx, manifests); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// registerWebhooks creates CAPI's mutating and validating webhook configurations (core
+// config/webhook/manifests.yaml) under names of this manager, each webhook pointing at the
+// published server by url and limited to the manager's namespace.
+func (c *CAPI) registerWebhooks(ctx context.Context, manifests []byte) error {
+	objs, err := DecodeObjects(manifests)
+	if err != nil {
+		return fmt.Errorf("CAPI webhook manifests: %w", err)
+	}
+	caBundle := base64.StdEncoding.EncodeToString(c.l.Host.CA.CertPEM())
+	for _, o := range objs {
+		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+		var kept []any
+		for _, h := range hooks {
+			hook := h.(map[string]any)
+			if clusterScoped(hook) {
+				continue
+			}
+			path, _, _ := unstructured.NestedString(hook, "clientConfig", "service", "path")
+			hook["clientConfig"] = map[string]any{
+				"url":      "https://" + c.WebhookAddress + path,
+				"caBundle": caBundle,
+			}
+			hook["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": c.Namespace}}
+			kept = append(kept, hook)
+		}
+		if err := unstructured.SetNestedSlice(o.Object, kept, "webhooks"); err != nil {
+			return err
+		}
+		o.SetName("capi-" + c.Namespace + "-" + o.GetName())
+		if err := c.l.Host.Client.Create(ctx, o); err != nil {
+			return fmt.Errorf("registering CAPI webhooks %s: %w", o.GetName(), err)
+		}
+		c.webhooks = append(c.webhooks, o)
+	}
+	return nil
+}
+
+// clusterScoped reports whether a webhook is for ExtensionConfigs, the one cluster-scoped
+// kind of CAPI core (a namespaceSelector cannot limit it to one namespace).
+func clusterScoped(hook map[string]any) bool {
+	rules, _, _ := unstructured.NestedSlice(hook, "rules")
+	for _, r := range rules {
+		res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+		for _, s := range res {
+			if strings.HasPrefix(s, "extensionconfigs") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Stop removes the webhook configurations and stops the manager; what it wrote stays.
+func (c *CAPI) Stop() {
+	c.stopOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, o := range c.webhooks {
+			_ = c.l.Host.Client.Delete(ctx, o)
+		}
+		c.proc.stop()
+		if c.netns != nil {
+			c.netns.close()
+		}
+	})
+}
+
+// LogPath is the manager's log file.
+func (c *CAPI) LogPath() string { return c.proc.logPath }
+
+// ProvisionKubevirtMachines plays CAPK (and KubeVirt) for the real CAPI: every KubevirtMachine
+// of namespace ns that is not ready yet gets CAPK's finalizer and providerID
+// (kubevirt://<name>, the VM is named after it) and status.ready, and the guest a Ready Node
+// of that name and providerID, as when the VM has booted and joined. CAPI then finds the
+// Node, the Machine becomes available and a rollout goes on. A Machine CAPI deletes stays
+// until its KubevirtMachine is gone, which is when ReleaseDeletedKubevirtMachines plays CAPK
+// having deleted the VM. It returns how many it provisioned; call it again for the Machines a
+// rollout creates next. No virt-launcher pod is created (AddWorker does that).
+func (l *Lab) ProvisionKubevirtMachines(ctx context.Context, ns string) (int, error) {
+	list := newUnstructuredList(kubevirtMachineGVK)
+	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range list.Items {
+		m := &list.Items[i]
+		if ready, _, _ := unstructured.NestedBool(m.Object, "status", "ready"); ready || m.GetDeletionTimestamp() != nil {
+			continue
+		}
+		providerID := "kubevirt://" + m.GetName()
+		m.SetFinalizers(append(m.GetFinalizers(), capkMachineFinalizer))
+		if err := unstructured.SetNestedField(m.Object, providerID, "spec", "providerID"); err != nil {
+			return n, err
+		}
+		if err := l.Host.Client.Update(ctx, m); err != nil {
+			return n, fmt.Errorf("setting providerID of KubevirtMachine %s: %w", m.GetName(), err)
+		}
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.GetName()}, Spec: corev1.NodeSpec{ProviderID: providerID}}
+		if err := l.Guest.Client.Create(ctx, node); client.IgnoreAlreadyExists(err) != nil {
+			return n, fmt.Errorf("creating guest Node %s: %w", m.GetName(), err)
+		}
+		// As a kubelet reports them: CAPI's NodeHealthy needs the pressure conditions too.
+		now := metav1.Now()
+		node.Status.Conditions = []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "lab node (played CAPK)", LastHeartbeatTime: now, LastTransitionTime: now,
+		}}
+		for _, t := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure} {
+			node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{
+				Type: t, Status: corev1.ConditionFalse, Reason: "KubeletHas" + strings.TrimSuffix(string(t), "Pressure") + "Available",
+				LastHeartbeatTime: now, LastTransitionTime: now,
+			})
+		}
+		if err := l.Guest.Client.Status().Update(ctx, node); err != nil {
+			return n, fmt.Errorf("setting status of guest Node %s: %w", m.GetName(), err)
+		}
+		if err := unstructured.SetNestedField(m.Object, true, "status", "ready"); err != nil {
+			return n, err
+		}
+		if err := l.Host.Client.Status().Update(ctx, m); err != nil {
+			return n, fmt.Errorf("setting KubevirtMachine %s ready: %w", m.GetName(), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// ReleaseDeletedKubevirtMachines plays CAPK once the VM of a deleted KubevirtMachine is gone:
+// it removes CAPK's finalizer from every KubevirtMachine of namespace ns being deleted, and
+// returns how many.
+func (l *Lab) ReleaseDeletedKubevirtMachines(ctx context.Context, ns string) (int, error) {
+	list := newUnstructuredList(kubevirtMachineGVK)
+	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range list.Items {
+		m := &list.Items[i]
+		if m.GetDeletionTimestamp() == nil || !slices.Contains(m.GetFinalizers(), capkMachineFinalizer) {
+			continue
+		}
+		m.SetFinalizers(slices.DeleteFunc(m.GetFinalizers(), func(f string) bool { return f == capkMachineFinalizer }))
+		if err := l.Host.Client.Update(ctx, m); client.IgnoreNotFound(err) != nil {
+			return n, fmt.Errorf("releasing KubevirtMachine %s: %w", m.GetName(), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// capkMachineFinalizer is CAPK's finalizer on a KubevirtMachine (api/v1alpha1 MachineFinalizer).
+const capkMachineFinalizer = "kubevirtmachine.infrastructure.cluster.x-k8s.io"
+
+var kubevirtMachineGVK = ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtMachine")
+
+// The lab's stand-in for k0smotron's control plane CRD: nothing of k0smotron runs, but CAPI
+// reads the Cluster's control plane (initialized, ready) and refuses to delete a Machine's
+// Node without it. Any spec and status; labelled for contract v1beta1 (the contract of
+// k0smotron's v1beta1 API), so CAPI resolves the reference.
+var controlPlaneGVK = schema.GroupVersionKind{Group: "controlplane.cluster.x-k8s.io", Version: "v1beta1", Kind: "K0smotronControlPlane"}
+
+func (l *Lab) installControlPlaneCRD(ctx context.Context) error {
+	preserve := &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr.To(true)}
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   "k0smotroncontrolplanes." + controlPlaneGVK.Group,
+			Labels: map[string]string{"cluster.x-k8s.io/v1beta1": controlPlaneGVK.Version, "lab.guestnet.dev/stand-in": "true"},
+		},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: controlPlaneGVK.Group,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: controlPlaneGVK.Kind, ListKind: controlPlaneGVK.Kind + "List", Plural: "k0smotroncontrolplanes", Singular: "k0smotroncontrolplane"},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: controlPlaneGVK.Version, Served: true, Storage: true,
+				Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: preserve},
+				Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
+			}},
+		},
+	}
+	_, err := envtest.InstallCRDs(l.Host.Config, envtest.CRDInstallOptions{
+		CRDs: []*apiextensionsv1.CustomResourceDefinition{crd}, MaxTime: time.Minute, PollInterval: 100 * time.Millisecond,
+	})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("installing the stand-in control plane CRD: %w", err)
+	}
+	return nil
+}
+
+// createControlPlane creates the guest cluster's K0smotronControlPlane, initialized and
+// ready, as k0smotron reports a running hosted control plane.
+func (l *Lab) createControlPlane(ctx context.Context, gc *GuestCluster) error {
+	cp := newUnstructured(controlPlaneGVK)
+	cp.SetNamespace(gc.Namespace)
+	cp.SetName(gc.Name)
+	cp.Object["spec"] = map[string]any{"version": "v1.37.2"}
+	if err := l.Host.Client.Create(ctx, cp); err != nil {
+		return fmt.Errorf("creating K0smotronControlPlane: %w", err)
+	}
+	cp.Object["status"] = map[string]any{"initialized": true, "ready": true, "externalManagedControlPlane": true, "version": "v1.37.2"}
+	if err := l.Host.Client.Status().Update(ctx, cp); err != nil {
+		return fmt.Errorf("setting K0smotronControlPlane status: %w", err)
+	}
+	return nil
+}
