@@ -672,7 +672,8 @@ func lexShell(s string, vars map[string]string) (segs [][]string, heredocs []str
 				if s[j] == '(' {
 					depth++
 				} else if s[j] == ')' {
-					if depth--; depth == 0 {
+					depth--
+					if depth == 0 {
 						break
 					}
 				}
@@ -779,7 +780,9 @@ func lexShell(s string, vars map[string]string) (segs [][]string, heredocs []str
 				pos++
 			}
 			if pos < len(s) && s[pos] == '&' {
-				for pos++; pos < len(s) && s[pos] >= '0' && s[pos] <= '9'; pos++ {
+				pos++
+				for pos < len(s) && s[pos] >= '0' && s[pos] <= '9' {
+					pos++
 				}
 			} else {
 				drop = true
@@ -1448,7 +1451,7 @@ func TestDocsBridgeInvariantsAndReasons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := strings.Index(string(page), "\n## Invariants\n")
+	start := bytes.Index(page, []byte("\n## Invariants\n"))
 	if start < 0 {
 		t.Fatal("docs/guestwebhookbridge.md has no section Invariants")
 	}

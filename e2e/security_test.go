@@ -689,7 +689,7 @@ func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, opts manage
 	root, err := lab.RepoRoot()
 	g.Expect(err).NotTo(HaveOccurred())
 	clusterRole := &rbacv1.ClusterRole{}
-	readYAML(g, filepath.Join(root, "config/rbac/role.yaml"), clusterRole)
+	readYAML(g, filepath.Join(root, "config", "rbac", "role.yaml"), clusterRole)
 	clusterRole.Name = ns + "-manager"
 	g.Expect(host.Create(ctx, clusterRole)).To(Succeed())
 	t.Cleanup(func() { _ = host.Delete(context.Background(), clusterRole) })
@@ -701,7 +701,7 @@ func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, opts manage
 	g.Expect(host.Create(ctx, binding)).To(Succeed())
 	t.Cleanup(func() { _ = host.Delete(context.Background(), binding) })
 	electionRole := &rbacv1.Role{}
-	readYAML(g, filepath.Join(root, "config/rbac/leader_election_role.yaml"), electionRole)
+	readYAML(g, filepath.Join(root, "config", "rbac", "leader_election_role.yaml"), electionRole)
 	electionRole.Namespace = ns
 	g.Expect(host.Create(ctx, electionRole)).To(Succeed())
 

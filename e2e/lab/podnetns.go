@@ -53,7 +53,7 @@ func newPodNetns(dir, name string) (_ *podNetns, err error) {
 	} {
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 			n.close()
-			return nil, fmt.Errorf("pod network namespace %s: %s: %v: %s", name, args, err, out)
+			return nil, fmt.Errorf("pod network namespace %s: %s: %w: %s", name, args, err, out)
 		}
 	}
 	defer func() {
