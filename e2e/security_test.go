@@ -264,7 +264,7 @@ func TestSecurity_SharedPoolMustSelectByNamespace(t *testing.T) {
 		got := &guestnetv1.GuestIngressPolicy{}
 		return e.host.Get(e.ctx, client.ObjectKeyFromObject(policy), got) == nil && conditions.IsTrue(got, guestnetv1.ReadyCondition)
 	}).WithTimeout(giTimeout).Should(BeTrue())
-	_, err := e.tryGetCilium(ingress.NewPool(), hostnames.Pool(gi))
+	err := e.tryGetCilium(ingress.NewPool(), hostnames.Pool(gi))
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "with poolRef guestnet creates no pool")
 	e.g.Eventually(func() string { return getGuestIngress(t, e.l, gi).Status.LoadBalancerIP }).WithTimeout(giTimeout).Should(Equal("10.98.87.5"))
 }
@@ -576,7 +576,7 @@ func (e *securityEnv) expectNothingOnTheHost(t *testing.T, gi *guestnetv1.GuestI
 	err := e.host.Get(e.ctx, client.ObjectKey{Namespace: gi.Namespace, Name: hostnames.HostService(got)}, &corev1.Service{})
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "host Service of %s: %v", gi.Name, err)
 	for _, obj := range []*unstructured.Unstructured{ingress.NewPool(), ingress.NewL2Policy()} {
-		_, err := e.tryGetCilium(obj, hostnames.Pool(got))
+		err := e.tryGetCilium(obj, hostnames.Pool(got))
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%s of %s: %v", obj.GetKind(), gi.Name, err)
 	}
 	services := &corev1.ServiceList{}
@@ -584,13 +584,13 @@ func (e *securityEnv) expectNothingOnTheHost(t *testing.T, gi *guestnetv1.GuestI
 	g.Expect(services.Items).To(BeEmpty())
 }
 
-func (e *securityEnv) tryGetCilium(obj *unstructured.Unstructured, name string) (*unstructured.Unstructured, error) {
-	return obj, e.host.Get(e.ctx, client.ObjectKey{Name: name}, obj)
+func (e *securityEnv) tryGetCilium(obj *unstructured.Unstructured, name string) error {
+	return e.host.Get(e.ctx, client.ObjectKey{Name: name}, obj)
 }
 
 func (e *securityEnv) getCilium(t *testing.T, obj *unstructured.Unstructured, name string) *unstructured.Unstructured {
 	t.Helper()
-	NewWithT(t).Eventually(func() error { _, err := e.tryGetCilium(obj, name); return err }).WithTimeout(giTimeout).Should(Succeed())
+	NewWithT(t).Eventually(func() error { err := e.tryGetCilium(obj, name); return err }).WithTimeout(giTimeout).Should(Succeed())
 	return obj
 }
 

@@ -33,7 +33,6 @@ type probeAnswer struct {
 
 type readAnswer struct {
 	value any
-	err   error
 	at    time.Time
 }
 
@@ -53,15 +52,13 @@ func (m *memo) probe(uid types.UID, key, inputs string) (bridge.ProbeResult, tim
 	return a.result, a.at, true
 }
 
-func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResult) time.Time {
+func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResult) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.probes[uid] == nil {
 		m.probes[uid] = map[string]probeAnswer{}
 	}
-	at := m.now()
-	m.probes[uid][key] = probeAnswer{inputs: inputs, result: r, at: at}
-	return at
+	m.probes[uid][key] = probeAnswer{inputs: inputs, result: r, at: m.now()}
 }
 
 // keepProbes forgets the answers of bridge uid for targets keep lacks.

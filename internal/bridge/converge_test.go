@@ -67,7 +67,7 @@ func (s *guestSim) survive(f func()) (didCrash bool) {
 	return false
 }
 
-func (s *guestSim) input(g Gomega) Input {
+func (s *guestSim) input(_ Gomega) Input {
 	host := ReadHostRecords(me, s.gwb.Status.Records)
 	hostServices := map[string]bool{}
 	for _, svc := range s.services {

@@ -22,7 +22,7 @@ import (
 func TestRecordWrite(t *testing.T) {
 	g := NewWithT(t)
 	var lines []string
-	log := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
+	log := funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
 	ctx := ctrl.LoggerInto(context.Background(), log)
 	recorder := events.NewFakeRecorder(10)
 	gi := &guestnetv1.GuestIngress{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "web"}}
