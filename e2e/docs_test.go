@@ -407,6 +407,7 @@ func TestDocsManifestsApplyToTheLab(t *testing.T) {
 		if len(problems) > 0 || len(ms) != 1 {
 			t.Fatalf("self-check: %v", problems)
 		}
+		//nolint:staticcheck // Client.Apply takes no FieldValidation option, and strict validation is the point here
 		err := l.Host.Client.Patch(ctx, ms[0].obj, client.Apply, client.DryRunAll, client.ForceOwnership,
 			client.FieldOwner("guestnet-docs-test"), client.FieldValidation(metav1.FieldValidationStrict))
 		if err == nil {
@@ -438,6 +439,7 @@ func TestDocsManifestsApplyToTheLab(t *testing.T) {
 			}
 			obj.SetNamespace(ns)
 		}
+		//nolint:staticcheck // Client.Apply takes no FieldValidation option, and strict validation is the point here
 		err = c.Patch(ctx, obj, client.Apply, client.DryRunAll, client.ForceOwnership,
 			client.FieldOwner("guestnet-docs-test"), client.FieldValidation(metav1.FieldValidationStrict))
 		if err != nil {

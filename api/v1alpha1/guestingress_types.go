@@ -333,5 +333,5 @@ type GuestIngressList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuestIngress{}, &GuestIngressList{})
+	objectTypes = append(objectTypes, &GuestIngress{}, &GuestIngressList{})
 }

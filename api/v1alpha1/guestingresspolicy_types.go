@@ -267,5 +267,5 @@ type GuestIngressPolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuestIngressPolicy{}, &GuestIngressPolicyList{})
+	objectTypes = append(objectTypes, &GuestIngressPolicy{}, &GuestIngressPolicyList{})
 }

@@ -858,7 +858,7 @@ func ownedFields(obj metav1.Object, manager string) []string {
 			continue
 		}
 		var tree map[string]any
-		if err := json.Unmarshal(m.FieldsV1.Raw, &tree); err != nil {
+		if err := json.Unmarshal(m.FieldsV1.GetRawBytes(), &tree); err != nil {
 			return []string{"unreadable: " + err.Error()}
 		}
 		out = append(out, leaves("", tree)...)

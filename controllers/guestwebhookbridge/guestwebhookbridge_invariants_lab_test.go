@@ -598,7 +598,7 @@ func managers(obj metav1.Object) map[string]string {
 	out := map[string]string{}
 	for _, m := range obj.GetManagedFields() {
 		if m.FieldsV1 != nil {
-			out[m.Manager] = string(m.FieldsV1.Raw)
+			out[m.Manager] = m.FieldsV1.GetRawString()
 		}
 	}
 	return out
