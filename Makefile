@@ -169,10 +169,10 @@ verify-generate: $(CONTROLLER_GEN) ## Fail when generated files differ from what
 	{ echo "generated files are stale: run 'make generate' and commit the result"; exit 1; }
 
 .PHONY: verify
-verify: verify-generate vet ## Generated files up to date and go vet clean.
+verify: verify-generate vet lint ## Generated files up to date, go vet and golangci-lint clean.
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml) on the provider's module.
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml) on the provider's module (not the hack/tools modules).
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: vet

@@ -650,7 +650,7 @@ func installTenantRoles(t *testing.T, l *lab.Lab) {
 	ctx := testContext(t)
 	root, err := lab.RepoRoot()
 	g.Expect(err).NotTo(HaveOccurred())
-	data, err := os.ReadFile(filepath.Join(root, "config/rbac/tenant_roles.yaml"))
+	data, err := os.ReadFile(filepath.Join(root, "config", "rbac", "tenant_roles.yaml"))
 	g.Expect(err).NotTo(HaveOccurred())
 	objs, err := lab.DecodeObjects(data)
 	g.Expect(err).NotTo(HaveOccurred())
