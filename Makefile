@@ -15,6 +15,7 @@ CAPK_VERSION           ?= v0.11.2
 CILIUM_VERSION         ?= v1.20.2
 CONTROLLER_GEN_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION      ?= v5.8.2
+GOLANGCI_LINT_VERSION  ?= v2.15.0
 # clusterctl is built from the same Cluster API release as the CRDs (hack/tools/clusterctl,
 # whose go.mod pins it and pins the dependencies the provider shares to the provider's own
 # versions, so that their compiled packages come from the same build cache).
@@ -44,6 +45,7 @@ CILIUM_BIN         := $(CACHE_DIR)/cilium-$(CILIUM_LBIPAM_VERSION)
 CILIUM_LBIPAM      := $(CILIUM_BIN)/cilium-lbipam
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
+GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
 
 KUBE_APISERVER          := $(K8S_BIN)/kube-apiserver
 KUBE_CONTROLLER_MANAGER := $(K8S_BIN)/kube-controller-manager
@@ -169,7 +171,11 @@ verify-generate: $(CONTROLLER_GEN) ## Fail when generated files differ from what
 	{ echo "generated files are stale: run 'make generate' and commit the result"; exit 1; }
 
 .PHONY: verify
-verify: verify-generate vet ## Generated files up to date and go vet clean.
+verify: verify-generate vet lint ## Generated files up to date, go vet and golangci-lint clean.
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml) on the provider's module (not the hack/tools modules).
+	$(GOLANGCI_LINT) run ./...
 
 .PHONY: vet
 vet: ## go vet every module of the repository.
@@ -321,5 +327,8 @@ $(CONTROLLER_GEN):
 $(KUSTOMIZE):
 	@$(call build_step,kustomize $(KUSTOMIZE_VERSION),GOBIN=$(dir $@) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION))
 
+$(GOLANGCI_LINT):
+	@$(call build_step,golangci-lint $(GOLANGCI_LINT_VERSION),GOBIN=$(dir $@) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION))
+
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Install controller-gen and kustomize.
+tools: $(CONTROLLER_GEN) $(KUSTOMIZE) $(GOLANGCI_LINT) ## Install controller-gen, kustomize and golangci-lint.

@@ -54,7 +54,7 @@ func TestComponentsFile(t *testing.T) {
 	l := startLab(t)
 	ctx := testContext(t)
 	for _, o := range objs {
-		g.Expect(l.Host.Client.Patch(ctx, o, client.Apply, client.FieldOwner("components-test"), client.ForceOwnership)).
+		g.Expect(l.Host.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("components-test"), client.ForceOwnership)).
 			To(Succeed(), "applying %s %s", o.GetKind(), o.GetName())
 	}
 }

@@ -26,7 +26,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -445,9 +444,10 @@ func buildManager(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// go test puts its own go first in PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "manager")
 	cmd := exec.Command(goBin, "build", "-o", bin, ".")

@@ -407,6 +407,7 @@ func TestDocsManifestsApplyToTheLab(t *testing.T) {
 		if len(problems) > 0 || len(ms) != 1 {
 			t.Fatalf("self-check: %v", problems)
 		}
+		//nolint:staticcheck // Client.Apply takes no FieldValidation option, and strict validation is the point here
 		err := l.Host.Client.Patch(ctx, ms[0].obj, client.Apply, client.DryRunAll, client.ForceOwnership,
 			client.FieldOwner("guestnet-docs-test"), client.FieldValidation(metav1.FieldValidationStrict))
 		if err == nil {
@@ -438,6 +439,7 @@ func TestDocsManifestsApplyToTheLab(t *testing.T) {
 			}
 			obj.SetNamespace(ns)
 		}
+		//nolint:staticcheck // Client.Apply takes no FieldValidation option, and strict validation is the point here
 		err = c.Patch(ctx, obj, client.Apply, client.DryRunAll, client.ForceOwnership,
 			client.FieldOwner("guestnet-docs-test"), client.FieldValidation(metav1.FieldValidationStrict))
 		if err != nil {
@@ -672,7 +674,8 @@ func lexShell(s string, vars map[string]string) (segs [][]string, heredocs []str
 				if s[j] == '(' {
 					depth++
 				} else if s[j] == ')' {
-					if depth--; depth == 0 {
+					depth--
+					if depth == 0 {
 						break
 					}
 				}
@@ -779,7 +782,9 @@ func lexShell(s string, vars map[string]string) (segs [][]string, heredocs []str
 				pos++
 			}
 			if pos < len(s) && s[pos] == '&' {
-				for pos++; pos < len(s) && s[pos] >= '0' && s[pos] <= '9'; pos++ {
+				pos++
+				for pos < len(s) && s[pos] >= '0' && s[pos] <= '9' {
+					pos++
 				}
 			} else {
 				drop = true
@@ -1448,7 +1453,7 @@ func TestDocsBridgeInvariantsAndReasons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := strings.Index(string(page), "\n## Invariants\n")
+	start := bytes.Index(page, []byte("\n## Invariants\n"))
 	if start < 0 {
 		t.Fatal("docs/guestwebhookbridge.md has no section Invariants")
 	}

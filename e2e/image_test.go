@@ -826,7 +826,7 @@ func containerPort(t *testing.T, c corev1.Container, name string) int32 {
 			return p.ContainerPort
 		}
 	}
-	if n, err := strconv.Atoi(name); err == nil {
+	if n, err := strconv.ParseInt(name, 10, 32); err == nil {
 		return int32(n)
 	}
 	t.Fatalf("the container has no port %s", name)
@@ -836,7 +836,7 @@ func containerPort(t *testing.T, c corev1.Container, name string) int32 {
 func httpGetOK(ctx context.Context, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
 	if err != nil {
 		return err
 	}

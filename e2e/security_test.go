@@ -264,7 +264,7 @@ func TestSecurity_SharedPoolMustSelectByNamespace(t *testing.T) {
 		got := &guestnetv1.GuestIngressPolicy{}
 		return e.host.Get(e.ctx, client.ObjectKeyFromObject(policy), got) == nil && conditions.IsTrue(got, guestnetv1.ReadyCondition)
 	}).WithTimeout(giTimeout).Should(BeTrue())
-	_, err := e.tryGetCilium(ingress.NewPool(), hostnames.Pool(gi))
+	err := e.tryGetCilium(ingress.NewPool(), hostnames.Pool(gi))
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "with poolRef guestnet creates no pool")
 	e.g.Eventually(func() string { return getGuestIngress(t, e.l, gi).Status.LoadBalancerIP }).WithTimeout(giTimeout).Should(Equal("10.98.87.5"))
 }
@@ -576,7 +576,7 @@ func (e *securityEnv) expectNothingOnTheHost(t *testing.T, gi *guestnetv1.GuestI
 	err := e.host.Get(e.ctx, client.ObjectKey{Namespace: gi.Namespace, Name: hostnames.HostService(got)}, &corev1.Service{})
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "host Service of %s: %v", gi.Name, err)
 	for _, obj := range []*unstructured.Unstructured{ingress.NewPool(), ingress.NewL2Policy()} {
-		_, err := e.tryGetCilium(obj, hostnames.Pool(got))
+		err := e.tryGetCilium(obj, hostnames.Pool(got))
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%s of %s: %v", obj.GetKind(), gi.Name, err)
 	}
 	services := &corev1.ServiceList{}
@@ -584,13 +584,13 @@ func (e *securityEnv) expectNothingOnTheHost(t *testing.T, gi *guestnetv1.GuestI
 	g.Expect(services.Items).To(BeEmpty())
 }
 
-func (e *securityEnv) tryGetCilium(obj *unstructured.Unstructured, name string) (*unstructured.Unstructured, error) {
-	return obj, e.host.Get(e.ctx, client.ObjectKey{Name: name}, obj)
+func (e *securityEnv) tryGetCilium(obj *unstructured.Unstructured, name string) error {
+	return e.host.Get(e.ctx, client.ObjectKey{Name: name}, obj)
 }
 
 func (e *securityEnv) getCilium(t *testing.T, obj *unstructured.Unstructured, name string) *unstructured.Unstructured {
 	t.Helper()
-	NewWithT(t).Eventually(func() error { _, err := e.tryGetCilium(obj, name); return err }).WithTimeout(giTimeout).Should(Succeed())
+	NewWithT(t).Eventually(func() error { err := e.tryGetCilium(obj, name); return err }).WithTimeout(giTimeout).Should(Succeed())
 	return obj
 }
 
@@ -650,7 +650,7 @@ func installTenantRoles(t *testing.T, l *lab.Lab) {
 	ctx := testContext(t)
 	root, err := lab.RepoRoot()
 	g.Expect(err).NotTo(HaveOccurred())
-	data, err := os.ReadFile(filepath.Join(root, "config/rbac/tenant_roles.yaml"))
+	data, err := os.ReadFile(filepath.Join(root, "config", "rbac", "tenant_roles.yaml"))
 	g.Expect(err).NotTo(HaveOccurred())
 	objs, err := lab.DecodeObjects(data)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -689,7 +689,7 @@ func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, opts manage
 	root, err := lab.RepoRoot()
 	g.Expect(err).NotTo(HaveOccurred())
 	clusterRole := &rbacv1.ClusterRole{}
-	readYAML(g, filepath.Join(root, "config/rbac/role.yaml"), clusterRole)
+	readYAML(g, filepath.Join(root, "config", "rbac", "role.yaml"), clusterRole)
 	clusterRole.Name = ns + "-manager"
 	g.Expect(host.Create(ctx, clusterRole)).To(Succeed())
 	t.Cleanup(func() { _ = host.Delete(context.Background(), clusterRole) })
@@ -701,7 +701,7 @@ func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, opts manage
 	g.Expect(host.Create(ctx, binding)).To(Succeed())
 	t.Cleanup(func() { _ = host.Delete(context.Background(), binding) })
 	electionRole := &rbacv1.Role{}
-	readYAML(g, filepath.Join(root, "config/rbac/leader_election_role.yaml"), electionRole)
+	readYAML(g, filepath.Join(root, "config", "rbac", "leader_election_role.yaml"), electionRole)
 	electionRole.Namespace = ns
 	g.Expect(host.Create(ctx, electionRole)).To(Succeed())
 

@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -400,22 +398,6 @@ func topologyCluster(t *testing.T, cc *clusterv1.ClusterClass, name string, valu
 func capiDefaultAndValidate(t *testing.T, cc *clusterv1.ClusterClass, cluster *clusterv1.Cluster) field.ErrorList {
 	t.Helper()
 	return (&capiadmission.Cluster{}).DefaultAndValidateVariables(testContext(t), cluster, nil, cc)
-}
-
-// applyTopologyPatches applies the ClusterClass's patches to tmpl, the worker template of
-// machineDeploymentClass default-worker, for a Cluster of the class whose topology variables
-// are variables (name -> value), as CAPI's topology controller does (applyClusterPatches).
-func applyTopologyPatches(t *testing.T, cc *clusterv1.ClusterClass, tmpl *unstructured.Unstructured, variables map[string]any) *unstructured.Unstructured {
-	t.Helper()
-	cluster := topologyCluster(t, cc, "tenant-a", nil)
-	for _, name := range slices.Sorted(maps.Keys(variables)) {
-		raw, err := json.Marshal(variables[name])
-		if err != nil {
-			t.Fatal(err)
-		}
-		cluster.Spec.Topology.Variables = append(cluster.Spec.Topology.Variables, clusterv1.ClusterVariable{Name: name, Value: apiextensionsv1.JSON{Raw: raw}})
-	}
-	return applyClusterPatches(t, cc, cluster, tmpl)
 }
 
 // applyClusterPatches applies the ClusterClass's patches to tmpl, the infrastructure template

@@ -522,7 +522,7 @@ func TestThirdParty_MetricsServerAnswersOnWorker(t *testing.T) {
 
 	// The same request without the front-proxy certificate: anonymous, and refused.
 	plain := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // metrics-server's self-signed certificate
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(podIP, strconv.Itoa(int(lab.MetricsServerPort)))+"/apis/metrics.k8s.io/v1beta1/nodes", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(podIP, strconv.Itoa(int(lab.MetricsServerPort)))+"/apis/metrics.k8s.io/v1beta1/nodes", http.NoBody)
 	g.Expect(err).NotTo(HaveOccurred())
 	req.Header.Set("X-Remote-User", "lab-admin")
 	req.Header.Set("X-Remote-Group", "system:masters")

@@ -60,8 +60,8 @@ const (
 	GuestGoneReason = "GuestGone"
 )
 
-// SkipGuestCleanupAnnotation, set to "true" on a GuestIngress or GuestWebhookBridge that is
-// being deleted, lets an admin give up on an unreachable guest: guestnet stops waiting to
+// SkipGuestCleanupAnnotation lets an admin give up on an unreachable guest: with it set to "true" on
+// a GuestIngress or GuestWebhookBridge that is being deleted, guestnet stops waiting to
 // restore what it changed in the guest, cleans the host side, releases its finalizer and
 // records in an event what it left in the guest.
 const SkipGuestCleanupAnnotation = "guestnet.addons.cluster.x-k8s.io/skip-guest-cleanup"

@@ -56,7 +56,7 @@ const (
 	HostObjectRejectedReason = "HostObjectRejected"
 )
 
-// OriginalGuestServiceAnnotation, on the guest Service, records what the Service had in each
+// OriginalGuestServiceAnnotation records, on the guest Service, what the Service had in each
 // field guestnet took over (type, nodePorts) before guestnet changed it, so that deleting the
 // GuestIngress hands the Service back exactly. guestnet writes it in the same apply as the
 // fields and removes it when it gives them back.
@@ -333,5 +333,5 @@ type GuestIngressList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuestIngress{}, &GuestIngressList{})
+	objectTypes = append(objectTypes, &GuestIngress{}, &GuestIngressList{})
 }

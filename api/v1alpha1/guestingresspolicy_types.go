@@ -5,7 +5,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// AdmittedCondition, on a GuestIngress, says whether a GuestIngressPolicy admits everything
+// AdmittedCondition says, on a GuestIngress, whether a GuestIngressPolicy admits everything
 // the GuestIngress asks for. guestnet fails closed: without it, nothing is created on the host.
 const AdmittedCondition = "Admitted"
 
@@ -267,5 +267,5 @@ type GuestIngressPolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuestIngressPolicy{}, &GuestIngressPolicyList{})
+	objectTypes = append(objectTypes, &GuestIngressPolicy{}, &GuestIngressPolicyList{})
 }

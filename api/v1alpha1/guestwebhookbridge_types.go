@@ -379,5 +379,5 @@ type GuestWebhookBridgeList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&GuestWebhookBridge{}, &GuestWebhookBridgeList{})
+	objectTypes = append(objectTypes, &GuestWebhookBridge{}, &GuestWebhookBridgeList{})
 }

@@ -531,7 +531,7 @@ func tableRow(t *testing.T, cfg *rest.Config, path string) tableResult {
 	g := NewWithT(t)
 	httpClient, err := rest.HTTPClientFor(cfg)
 	g.Expect(err).NotTo(HaveOccurred())
-	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+path, nil)
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+path, http.NoBody)
 	g.Expect(err).NotTo(HaveOccurred())
 	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
 	resp, err := httpClient.Do(req)

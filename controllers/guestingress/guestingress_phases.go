@@ -84,7 +84,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		if err := r.eligibleClaimants(ctx, w, o.Claimants); err != nil {
 			return err
 		}
-		o.ForeignPools = w.foreignPools(gi)
+		o.ForeignPools = w.foreignPools()
 	}
 	if err := r.observeHostObjects(ctx, w, o); err != nil {
 		return err
@@ -247,7 +247,7 @@ func (w *hostWorld) held(gi *guestnetv1.GuestIngress) ingress.Claim {
 
 // foreignPools are the pools that are not guestnet's for a GuestIngress it knows: an admin's,
 // a shared one, or one of a GuestIngress that is gone.
-func (w *hostWorld) foreignPools(gi *guestnetv1.GuestIngress) []*unstructured.Unstructured {
+func (w *hostWorld) foreignPools() []*unstructured.Unstructured {
 	known := map[types.NamespacedName]bool{}
 	for i := range w.guestIngresses {
 		known[client.ObjectKeyFromObject(&w.guestIngresses[i])] = true

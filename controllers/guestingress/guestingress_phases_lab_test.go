@@ -858,7 +858,7 @@ func ownedFields(obj metav1.Object, manager string) []string {
 			continue
 		}
 		var tree map[string]any
-		if err := json.Unmarshal(m.FieldsV1.Raw, &tree); err != nil {
+		if err := json.Unmarshal(m.FieldsV1.GetRawBytes(), &tree); err != nil {
 			return []string{"unreadable: " + err.Error()}
 		}
 		out = append(out, leaves("", tree)...)
@@ -1017,7 +1017,7 @@ func (cc countingCache) GetClient(ctx context.Context, cluster client.ObjectKey)
 
 // countingSetup registers the GuestIngress controller with host and guest clients that count.
 func countingSetup(host, guest *counters) lab.SetupFunc {
-	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, _ manager.Options) error {
 		return (&guestingress.Reconciler{
 			Client:       countingClient{Client: mgr.GetClient(), c: host},
 			APIReader:    mgr.GetAPIReader(),

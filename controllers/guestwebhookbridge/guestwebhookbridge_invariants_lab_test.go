@@ -430,8 +430,8 @@ func (e *bridgeEnv) routeGuestThroughPath(cluster string) *tcpPath {
 			p.mu.Lock()
 			p.conns = append(p.conns, in, out)
 			p.mu.Unlock()
-			go func() { _, _ = copyConn(out, in) }()
-			go func() { _, _ = copyConn(in, out) }()
+			go func() { _ = copyConn(out, in) }()
+			go func() { _ = copyConn(in, out) }()
 		}
 	}()
 
@@ -450,21 +450,18 @@ func (e *bridgeEnv) routeGuestThroughPath(cluster string) *tcpPath {
 	return p
 }
 
-func copyConn(dst, src net.Conn) (int64, error) {
+func copyConn(dst, src net.Conn) error {
 	defer dst.Close()
 	buf := make([]byte, 32*1024)
-	var n int64
 	for {
 		r, err := src.Read(buf)
 		if r > 0 {
-			w, werr := dst.Write(buf[:r])
-			n += int64(w)
-			if werr != nil {
-				return n, werr
+			if _, werr := dst.Write(buf[:r]); werr != nil {
+				return werr
 			}
 		}
 		if err != nil {
-			return n, err
+			return err
 		}
 	}
 }
@@ -601,7 +598,7 @@ func managers(obj metav1.Object) map[string]string {
 	out := map[string]string{}
 	for _, m := range obj.GetManagedFields() {
 		if m.FieldsV1 != nil {
-			out[m.Manager] = string(m.FieldsV1.Raw)
+			out[m.Manager] = m.FieldsV1.GetRawString()
 		}
 	}
 	return out

@@ -50,7 +50,6 @@ func (a probeAnswer) keptFor() time.Duration {
 
 type readAnswer struct {
 	value any
-	err   error
 	at    time.Time
 }
 

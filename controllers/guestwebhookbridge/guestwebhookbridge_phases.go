@@ -781,7 +781,7 @@ func (r *Reconciler) giveUp(ctx context.Context, s *scope, reason, why string) (
 	var left []string
 	for _, key := range live.Keys() {
 		e, _ := live.Entry(key)
-		left = append(left, bridge.DescribeRecord(key, e))
+		left = append(left, bridge.DescribeRecord(e))
 	}
 	note := fmt.Sprintf("Gave up on the guest (%s): guestnet had rewritten nothing there", why)
 	if len(left) > 0 {

@@ -390,7 +390,7 @@ func TestGuestWebhookBridgePhases_ModeAutoLeavesWhatWorksAlone(t *testing.T) {
 		return e.getWebhookConfig(wh.Config.Name).Webhooks[0].ClientConfig.Service
 	}).WithTimeout(time.Second).ShouldNot(BeNil())
 
-	api := e.createMetricsAPI() // unreachable: Available=False, FailedDiscoveryCheck
+	api := e.createMetricsAPI() // an unreachable APIService (Available=False, FailedDiscoveryCheck)
 	g.Eventually(func() *admissionregistrationv1.ServiceReference {
 		return e.getWebhookConfig(wh.Config.Name).Webhooks[0].ClientConfig.Service
 	}).WithTimeout(90 * time.Second).Should(BeNil())

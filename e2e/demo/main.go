@@ -206,7 +206,7 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 		return nil, fmt.Errorf("waiting for the guest aggregator to check the metrics APIService: %w", err)
 	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		eps := &corev1.EndpointsList{} //nolint:staticcheck // a quick "has the controller manager caught up" check
+		eps := &corev1.EndpointsList{}
 		if err := l.Host.Client.List(ctx, eps, client.InNamespace(clusterNamespace)); err != nil {
 			return false, err
 		}

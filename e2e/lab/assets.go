@@ -122,7 +122,7 @@ func findFile(dirs []string, name string) (string, error) {
 	return "", fmt.Errorf("lab binary %s not found in GUESTNET_LAB_BIN=%q (run `make lab-assets`)", name, strings.Join(dirs, ":"))
 }
 
-// Kubectl returns a kubectl command for the given kubeconfig.
+// KubectlCommand returns a kubectl command for the given kubeconfig.
 func (a *Assets) KubectlCommand(kubeconfig string, args ...string) *exec.Cmd {
 	return exec.Command(a.Kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
 }

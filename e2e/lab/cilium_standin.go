@@ -368,7 +368,7 @@ func (r *proxyStandIn) serve(key types.NamespacedName, want []string) error {
 			continue
 		}
 		_, portStr, _ := net.SplitHostPort(addr)
-		port, _ := strconv.Atoi(portStr)
+		port, _ := strconv.ParseInt(portStr, 10, 32)
 		pl := &proxyListener{l: l, service: key, port: int32(port)}
 		r.listeners[addr] = pl
 		pl.wg.Go(func() { r.accept(pl) })
@@ -377,7 +377,7 @@ func (r *proxyStandIn) serve(key types.NamespacedName, want []string) error {
 	}
 	r.byService[key] = serving
 	if len(errs) > 0 {
-		return fmt.Errorf("Cilium stand-in: %v", errs)
+		return fmt.Errorf("the Cilium stand-in: %v", errs)
 	}
 	return nil
 }

@@ -243,9 +243,9 @@ func (r *guestNodePortStandIn) pick(ctx context.Context, addr string, t nodePort
 			return ""
 		}
 		r.mu.Lock()
-		defer r.mu.Unlock()
 		i := r.next[addr] % len(eps)
 		r.next[addr]++
+		r.mu.Unlock()
 		return eps[i]
 	}
 	return ""

@@ -82,7 +82,7 @@ func RunManager(ctx context.Context, l *Lab, opts manager.Options, setup SetupFu
 
 // RunManagerAs is RunManager with the manager talking to the host apiserver as hostConfig
 // says (e.g. as a ServiceAccount bound to the generated RBAC, instead of the lab's admin).
-func RunManagerAs(ctx context.Context, l *Lab, hostConfig *rest.Config, opts manager.Options, setup SetupFunc, logger klog.Logger) (ctrl.Manager, func() error, error) {
+func RunManagerAs(ctx context.Context, _ *Lab, hostConfig *rest.Config, opts manager.Options, setup SetupFunc, logger klog.Logger) (ctrl.Manager, func() error, error) {
 	if opts.SyncPeriod == 0 {
 		opts.SyncPeriod = ManagerSyncPeriod
 	}
@@ -169,7 +169,7 @@ var globalLoggerOnce sync.Once
 // hand) a file in dir, so that it does not complain on stderr that it was never set.
 func setGlobalLoggerOnce(dir string) {
 	globalLoggerOnce.Do(func() {
-		var w io.Writer = io.Discard
+		w := io.Discard
 		if f, err := os.Create(filepath.Join(dir, "controller-runtime.log")); err == nil {
 			w = f // stays open for the rest of the process
 		}

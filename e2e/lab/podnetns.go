@@ -62,7 +62,7 @@ func newPodNetnsTo(dir, name string, apiservers ...string) (_ *podNetns, err err
 	for _, args := range setup {
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 			n.close()
-			return nil, fmt.Errorf("pod network namespace %s: %s: %v: %s", name, args, err, out)
+			return nil, fmt.Errorf("pod network namespace %s: %s: %w: %s", name, args, err, out)
 		}
 	}
 	defer func() {

@@ -20,7 +20,7 @@ import (
 // LabPolicyName names the lab-wide GuestIngressPolicy.
 const LabPolicyName = "lab"
 
-// NoLabPolicyLabel, on a namespace (any value), keeps LabPolicy from selecting it.
+// NoLabPolicyLabel keeps LabPolicy from selecting a namespace that carries it (any value).
 const NoLabPolicyLabel = "test.guestnet.dev/no-lab-policy"
 
 // LabPolicy admits, in every namespace without NoLabPolicyLabel: the lab's load-balancer range
@@ -29,7 +29,7 @@ const NoLabPolicyLabel = "test.guestnet.dev/no-lab-policy"
 // ^bond[0-9]+$ of every node, and the BGP control plane; Cluster and Local traffic; the
 // annotation and label keys the tests write (example.com/*, test.guestnet.dev/*, a, b, c, x,
 // y, new). No shared pool and no cap.
-func LabPolicy() *guestnetv1.GuestIngressPolicy {
+func LabPolicy() *guestnetv1.GuestIngressPolicy { //nolint:revive // LabPolicy, LabPolicyName, NoLabPolicyLabel and Options.SkipLabPolicy name one thing
 	keys := []string{"example.com/*", "test.guestnet.dev/*", "a", "b", "c", "x", "y", "new"}
 	return &guestnetv1.GuestIngressPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: LabPolicyName},

@@ -31,7 +31,7 @@ func (w *Worker) ServeMachineName(port int32) error {
 func Get(ctx context.Context, host string, port int32) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, fmt.Sprint(port))+"/", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, fmt.Sprint(port))+"/", http.NoBody)
 	if err != nil {
 		return "", err
 	}

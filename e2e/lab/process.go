@@ -75,9 +75,9 @@ func (p *process) waitReady(ctx context.Context, ready func(context.Context) err
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited (%v) before it was ready; log tail:\n%s", p.name, p.err, p.logTail())
+			return fmt.Errorf("%s exited (%v) before it was ready; log tail:\n%s", p.name, p.err, p.logTail()) //nolint:errorlint // p.err is nil after a clean exit: %w would print %!w(<nil>)
 		case <-ctx.Done():
-			return fmt.Errorf("%s not ready: %v; log tail:\n%s", p.name, last, p.logTail())
+			return fmt.Errorf("%s not ready: %w; log tail:\n%s", p.name, last, p.logTail())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

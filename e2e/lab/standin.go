@@ -73,7 +73,7 @@ func startStandIn(ctx context.Context, l *Lab, name string, cfg *rest.Config, re
 func (s *standIn) Stop() {
 	s.cancel()
 	select {
-	case <-s.done:
+	case <-s.done: //nolint:errcheck // stopped on purpose: the manager's error after cancel says nothing
 	case <-time.After(30 * time.Second):
 	}
 	s.closeAll()

@@ -627,7 +627,7 @@ func (ms *MetricsServer) Get(ctx context.Context, host, path string) ([]byte, er
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	url := "https://" + net.JoinHostPort(host, strconv.Itoa(int(MetricsServerPort))) + path
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
 	if err != nil {
 		return nil, err
 	}
@@ -756,7 +756,7 @@ func (l *Lab) thirdPartyDir() (string, error) {
 func (p *process) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited (%v); log tail:\n%s", p.name, p.err, p.logTail())
+		return fmt.Errorf("%s exited (%v); log tail:\n%s", p.name, p.err, p.logTail()) //nolint:errorlint // p.err is nil after a clean exit: %w would print %!w(<nil>)
 	default:
 		return nil
 	}

@@ -67,7 +67,7 @@ func (s *guestSim) survive(f func()) (didCrash bool) {
 	return false
 }
 
-func (s *guestSim) input(g Gomega) Input {
+func (s *guestSim) input(_ Gomega) Input {
 	host := ReadHostRecords(me, s.gwb.Status.Records)
 	hostServices := map[string]bool{}
 	for _, svc := range s.services {
@@ -270,7 +270,7 @@ func TestConvergeAndRestore(t *testing.T) {
 	s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.CABundle = []byte("ca-2")
 	s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.URL = nil
 	s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.Service = whRef(cmNS, cmSvc, 443, "/validate")
-	p = s.reconcile(g)
+	s.reconcile(g)
 	g.Expect(s.writes).To(Equal(1), "the repair (the chart's reference, the new original, is the one the host copy holds)")
 	g.Expect(s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.URL).To(Equal(ptr.To(cmValidateURL)))
 	g.Expect(s.obs.ValidatingWebhooks[0].Webhooks[0].ClientConfig.CABundle).To(Equal([]byte("ca-2")))

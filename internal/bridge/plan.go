@@ -56,15 +56,15 @@ type Reachability struct {
 type Action string
 
 const (
-	// NoAction: the object is as it should be.
+	// NoAction means the object is as it should be.
 	NoAction Action = ""
-	// RewriteAction: point the target at the bridge (first time, or a repair after a revert)
-	// and store its record; with only the record to repair, the clientConfig is left as it is.
+	// RewriteAction points the target at the bridge (first time, or a repair after a revert)
+	// and stores its record; with only the record to repair, the clientConfig is left as it is.
 	RewriteAction Action = "Rewrite"
-	// ForgetAction: drop guestnet's record; someone else changed the target since.
+	// ForgetAction drops guestnet's record: someone else changed the target since.
 	ForgetAction Action = "Forget"
-	// RestoreAction: put the recorded original back (when the target still holds what
-	// guestnet wrote) and drop the record.
+	// RestoreAction puts the recorded original back (when the target still holds what
+	// guestnet wrote) and drops the record.
 	RestoreAction Action = "Restore"
 )
 
@@ -759,7 +759,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// BridgeServiceKey names a guest Service of the bridge.
-func BridgeServiceKey(b *Backend, name string) types.NamespacedName {
+// ServiceKey names a guest Service of the bridge.
+func ServiceKey(b *Backend, name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: b.Service.Namespace, Name: name}
 }

@@ -493,7 +493,7 @@ func TestMakePlanBackends(t *testing.T) {
 
 	for _, b := range p.Backends {
 		g.Expect(p.Used(b)).To(BeTrue())
-		g.Expect(BridgeServiceKey(b, b.NodePortService).Namespace).To(Equal(b.Service.Namespace))
+		g.Expect(ServiceKey(b, b.NodePortService).Namespace).To(Equal(b.Service.Namespace))
 	}
 }
 
@@ -569,7 +569,7 @@ func TestAllocateNodePorts(t *testing.T) {
 		{
 			name: "another bridge's NodePort Service holds its ports", gwb: newBridge(small(4)),
 			targets: []string{"a"},
-			services: func(t *testing.T, gwb *guestnetv1.GuestWebhookBridge) []corev1.Service {
+			services: func(t *testing.T, _ *guestnetv1.GuestWebhookBridge) []corev1.Service {
 				otherBridge := newBridge(func(b *guestnetv1.GuestWebhookBridge) { b.Name = "other-bridge" })
 				return []corev1.Service{own(t, otherBridge, "x", 32700)}
 			},

@@ -230,8 +230,8 @@ func HostRecordsStatus(entries map[string]guestnetv1.BridgeRecord) []guestnetv1.
 	return out
 }
 
-// DescribeRecord says, for events and logs, what a record of target key left in the guest.
-func DescribeRecord(key string, r guestnetv1.BridgeRecord) string {
+// DescribeRecord says, for events and logs, what a record left in the guest.
+func DescribeRecord(r guestnetv1.BridgeRecord) string {
 	t := Target{Kind: r.Kind, Name: r.Name, Webhook: r.Webhook}
 	what := "url " + r.Written
 	if !t.IsWebhook() {

@@ -212,7 +212,7 @@ func TestHostRecordsAroundTheGuestWrites(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	in.Targets = targets
 	p := MakePlan(in)
-	keys := func(m map[string]guestnetv1.BridgeRecord) []string { return sortedKeys(m) }
+	keys := sortedKeys[guestnetv1.BridgeRecord]
 	g.Expect(keys(p.PendingHostRecords())).To(Equal([]string{
 		"APIService/v1beta1.custom.metrics.k8s.io", "APIService/" + metricsAPI,
 		"MutatingWebhookConfiguration/" + cmSvc + "/" + cmWebhook, "ValidatingWebhookConfiguration/" + cmSvc + "/" + cmWebhook,

@@ -114,7 +114,7 @@ func TestBackendPorts(t *testing.T) {
 	g.Expect(b.allocated()).To(HaveLen(2))
 	g.Expect(BackendPort{Port: 8443}.PortName()).To(Equal("port-8443"))
 	g.Expect(BackendPort{Name: "https", Port: 8443}.PortName()).To(Equal("https"))
-	g.Expect(BridgeServiceKey(b, b.ExternalNameService).String()).To(Equal("cert-manager/cert-manager-webhook-guestnet"))
+	g.Expect(ServiceKey(b, b.ExternalNameService).String()).To(Equal("cert-manager/cert-manager-webhook-guestnet"))
 	g.Expect(HostNamespace(newBridge())).To(Equal("k0smotron"))
 
 	for i := range b.Ports {

@@ -2,7 +2,6 @@ package clusterscope
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
@@ -23,7 +22,7 @@ import (
 func TestRecordWrite(t *testing.T) {
 	g := NewWithT(t)
 	var lines []string
-	log := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
+	log := funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
 	ctx := ctrl.LoggerInto(context.Background(), log)
 	recorder := events.NewFakeRecorder(10)
 	gi := &guestnetv1.GuestIngress{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "web"}}
@@ -54,7 +53,7 @@ func TestRecordWrite(t *testing.T) {
 		ContainSubstring(`"action"="Apply"`), ContainSubstring(`"Service"={"name"="tenant-a-web" "namespace"="k0smotron"}`),
 		ContainSubstring(`"repair"="HostService"`)))
 	g.Expect(lines[1]).To(And(ContainSubstring(`"msg"="Deleted it"`), Not(ContainSubstring("repair"))))
-	g.Expect(strings.Join([]string{<-recorder.Events, <-recorder.Events}, "\n")).To(Equal(
+	g.Expect(<-recorder.Events + "\n" + <-recorder.Events).To(Equal(
 		"Normal Applied Applied host Service tenant-a-web\nNormal Deleted Deleted it"))
 	g.Expect(repairs()).To(Equal(before+1), "one repair, the other write is none")
 	g.Expect(testutil.GatherAndCount(ctrlmetrics.Registry, metrics.RepairsName)).To(Equal(len(metrics.RepairKinds)))

@@ -31,7 +31,7 @@ import (
 // Scheme knows every type diagnose reads, in the host and in the guest.
 var Scheme = scheme.New()
 
-// ErrClusterNotFound: the Cluster named on the command line does not exist.
+// ErrClusterNotFound says the Cluster named on the command line does not exist.
 var ErrClusterNotFound = errors.New("no such Cluster")
 
 // GatherOptions say what to read.

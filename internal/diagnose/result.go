@@ -11,12 +11,12 @@ import (
 type Verdict string
 
 const (
-	// OK: the item is as it should be.
+	// OK means the item is as it should be.
 	OK Verdict = "OK"
-	// Warn: worth acting on, but nothing is broken yet (a rollout under way, a weakened
+	// Warn is worth acting on, but nothing is broken yet (a rollout under way, a weakened
 	// webhook, a target not probed yet).
 	Warn Verdict = "WARN"
-	// Fail: something users will notice is broken.
+	// Fail means something users will notice is broken.
 	Fail Verdict = "FAIL"
 )
 

@@ -60,9 +60,9 @@ func recordErr(ts []bridge.Target) error {
 	return nil
 }
 
-// objectError is a guest object whose targets cannot be read (an annotation that is not
+// ObjectError is a guest object whose targets cannot be read (an annotation that is not
 // guestnet's record): reported as such, left out of the classification.
-type objectError struct {
+type ObjectError struct {
 	Kind guestnetv1.TargetKind
 	Name string
 	Err  error
@@ -72,16 +72,16 @@ type objectError struct {
 // and every webhook of the guest, with the decision of the bridge that selects it. It uses
 // the bridge package's own selection and plan, so that diagnose says what the controller
 // does.
-func Classify(s *State) ([]TargetView, []objectError) {
+func Classify(s *State) ([]TargetView, []ObjectError) {
 	g := s.Guest
 	var views []TargetView
-	var errs []objectError
+	var errs []ObjectError
 	obs := bridge.Observed{}
 	for i := range g.Observed.APIServices {
 		a := &g.Observed.APIServices[i]
 		t := bridge.APIServiceTarget(a)
 		if err := t.RecordErr; err != nil {
-			errs = append(errs, objectError{Kind: guestnetv1.APIServiceTarget, Name: a.Name, Err: err})
+			errs = append(errs, ObjectError{Kind: guestnetv1.APIServiceTarget, Name: a.Name, Err: err})
 			continue
 		}
 		obs.APIServices = append(obs.APIServices, *a)
@@ -93,7 +93,7 @@ func Classify(s *State) ([]TargetView, []objectError) {
 		c := &g.Observed.ValidatingWebhooks[i]
 		ts := bridge.WebhookTargets(c)
 		if err := recordErr(ts); err != nil {
-			errs = append(errs, objectError{Kind: guestnetv1.ValidatingWebhookTarget, Name: c.Name, Err: err})
+			errs = append(errs, ObjectError{Kind: guestnetv1.ValidatingWebhookTarget, Name: c.Name, Err: err})
 			continue
 		}
 		obs.ValidatingWebhooks = append(obs.ValidatingWebhooks, *c)
@@ -105,7 +105,7 @@ func Classify(s *State) ([]TargetView, []objectError) {
 		c := &g.Observed.MutatingWebhooks[i]
 		ts := bridge.WebhookTargets(c)
 		if err := recordErr(ts); err != nil {
-			errs = append(errs, objectError{Kind: guestnetv1.MutatingWebhookTarget, Name: c.Name, Err: err})
+			errs = append(errs, ObjectError{Kind: guestnetv1.MutatingWebhookTarget, Name: c.Name, Err: err})
 			continue
 		}
 		obs.MutatingWebhooks = append(obs.MutatingWebhooks, *c)

@@ -19,7 +19,7 @@ func gwb(ns, name, cluster string) *guestnetv1.GuestWebhookBridge {
 }
 
 func TestBridgeServiceNames(t *testing.T) {
-	n := func(c string, length int) string { return strings.Repeat(c, length) }
+	n := strings.Repeat
 	tests := []struct {
 		name       string
 		got        string

@@ -42,7 +42,7 @@ func ownedFields(obj metav1.Object, manager string) (*fieldpath.Set, bool) {
 			continue
 		}
 		set := &fieldpath.Set{}
-		if e.FieldsV1 == nil || set.FromJSON(bytes.NewReader(e.FieldsV1.Raw)) != nil {
+		if e.FieldsV1 == nil || set.FromJSON(bytes.NewReader(e.FieldsV1.GetRawBytes())) != nil {
 			return nil, false
 		}
 		return set, true

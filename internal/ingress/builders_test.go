@@ -418,15 +418,15 @@ func TestGuestServiceRecordKeepsTheUsersValues(t *testing.T) {
 	live.Spec.Ports[0].NodePort, live.Spec.Ports[1].NodePort = 30080, 30443
 	live.Annotations = applied.Annotations
 	live.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "guestnet", Operation: metav1.ManagedFieldsOperationApply, FieldsType: "FieldsV1",
-		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:annotations":{"f:guestnet.addons.cluster.x-k8s.io/original":{}}},"f:spec":{"f:type":{},` +
+		FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:annotations":{"f:guestnet.addons.cluster.x-k8s.io/original":{}}},"f:spec":{"f:type":{},` +
 			`"f:ports":{"k:{\"port\":80,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}},` +
-			`"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}}}}}`)}}}
+			`"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}}}}}`)}}
 	second, _ := GuestService(gi, live)
 	g.Expect(toService(t, second).Annotations).To(Equal(applied.Annotations))
 
 	// The user's Helm sets nodePort 31000 on port 80: guestnet no longer owns it.
 	live.Spec.Ports[0].NodePort = 31000
-	live.ManagedFields[0].FieldsV1.Raw = []byte(`{"f:metadata":{"f:annotations":{"f:guestnet.addons.cluster.x-k8s.io/original":{}}},"f:spec":{"f:type":{},` +
+	live.ManagedFields[0].FieldsV1.SetRawString(`{"f:metadata":{"f:annotations":{"f:guestnet.addons.cluster.x-k8s.io/original":{}}},"f:spec":{"f:type":{},` +
 		`"f:ports":{"k:{\"port\":443,\"protocol\":\"TCP\"}":{".":{},"f:nodePort":{},"f:port":{},"f:protocol":{}}}}}`)
 	third, _ := GuestService(gi, live)
 	g.Expect(toService(t, third).Annotations[guestnetv1.OriginalGuestServiceAnnotation]).To(

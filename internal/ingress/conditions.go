@@ -41,7 +41,7 @@ func guestServiceRef(gi *guestnetv1.GuestIngress) string {
 	return gi.Spec.GuestService.Namespace + "/" + gi.Spec.GuestService.Name
 }
 
-// SetGuestServiceNotFound: the guest Service does not exist (yet). Not an error: guestnet
+// SetGuestServiceNotFound records that the guest Service does not exist (yet). Not an error: guestnet
 // watches the guest's Services and carries on when it appears.
 func SetGuestServiceNotFound(gi *guestnetv1.GuestIngress) {
 	set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceNotFoundReason,
@@ -49,7 +49,7 @@ func SetGuestServiceNotFound(gi *guestnetv1.GuestIngress) {
 			"or correct spec.guestService. guestnet notices the Service as soon as it is created", guestServiceRef(gi)))
 }
 
-// SetGuestServicePortNotFound: the guest Service lacks some spec ports.
+// SetGuestServicePortNotFound records that the guest Service lacks some spec ports.
 func SetGuestServicePortNotFound(gi *guestnetv1.GuestIngress, svc *corev1.Service, missing []guestnetv1.IngressPort) {
 	names := make([]string, len(missing))
 	for i, p := range missing {
@@ -60,7 +60,7 @@ func SetGuestServicePortNotFound(gi *guestnetv1.GuestIngress, svc *corev1.Servic
 			"port number, not its targetPort), or add the port to the Service", guestServiceRef(gi), strings.Join(names, ", "), ServicePortsString(svc)))
 }
 
-// SetNodePortConflict: the guest apiserver refused a fixed nodePort because another Service
+// SetNodePortConflict records that the guest apiserver refused a fixed nodePort because another Service
 // holds it. holders names them (NodePortHolders); detail is the apiserver's error.
 func SetNodePortConflict(gi *guestnetv1.GuestIngress, holders []string, detail string) {
 	who := strings.Join(holders, "; ")
@@ -72,7 +72,7 @@ func SetNodePortConflict(gi *guestnetv1.GuestIngress, holders []string, detail s
 			"or choose another spec.ports[].nodePort; the host objects are left as they were", guestServiceRef(gi), who, detail))
 }
 
-// SetGuestServiceReady: the guest Service exposes every port as a nodePort.
+// SetGuestServiceReady records that the guest Service exposes every port as a nodePort.
 func SetGuestServiceReady(gi *guestnetv1.GuestIngress, resolved []guestnetv1.IngressPortStatus) {
 	parts := make([]string, len(resolved))
 	for i, p := range resolved {
@@ -82,27 +82,27 @@ func SetGuestServiceReady(gi *guestnetv1.GuestIngress, resolved []guestnetv1.Ing
 		fmt.Sprintf("Service %s in the guest: %s", guestServiceRef(gi), strings.Join(parts, ", ")))
 }
 
-// SetGuestServiceRejected: the guest apiserver refused the apply for another reason (its message).
+// SetGuestServiceRejected records that the guest apiserver refused the apply for another reason (its message).
 func SetGuestServiceRejected(gi *guestnetv1.GuestIngress, message string) {
 	set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.InternalErrorReason,
 		fmt.Sprintf("The guest apiserver refused guestnet's change to Service %s: %s", guestServiceRef(gi), message))
 }
 
-// SetPoolNotFound: spec.loadBalancer.poolRef names no pool.
+// SetPoolNotFound records that spec.loadBalancer.poolRef names no pool.
 func SetPoolNotFound(gi *guestnetv1.GuestIngress) {
 	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolNotFoundReason,
 		fmt.Sprintf("CiliumLoadBalancerIPPool %s (spec.loadBalancer.poolRef) does not exist: create it, or use spec.loadBalancer.cidrs "+
 			"to let guestnet create a pool for this GuestIngress", gi.Spec.LoadBalancer.PoolRef.Name))
 }
 
-// SetCiliumPoolConflict: Cilium marked the pool as overlapping another one.
+// SetCiliumPoolConflict records that Cilium marked the pool as overlapping another one.
 func SetCiliumPoolConflict(gi *guestnetv1.GuestIngress, pool string, c *metav1.Condition) {
 	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason,
 		fmt.Sprintf("Cilium reports CiliumLoadBalancerIPPool %s as conflicting (%s: %s): an overlapping pool stops it from allocating. "+
 			"Make the pools disjoint (kubectl get ippools)", pool, c.Reason, c.Message))
 }
 
-// SetIPPending: the host Service has no load-balancer IP yet. ipam is the Service's
+// SetIPPending records that the host Service has no load-balancer IP yet. ipam is the Service's
 // cilium.io/IPAMRequestSatisfied condition (nil when Cilium has not said anything), hint an
 // extra explanation (e.g. a poolRef pool that does not select the Service).
 func SetIPPending(gi *guestnetv1.GuestIngress, svc *corev1.Service, ipam *metav1.Condition, hint string) {
@@ -117,14 +117,14 @@ func SetIPPending(gi *guestnetv1.GuestIngress, svc *corev1.Service, ipam *metav1
 	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPPendingReason, msg)
 }
 
-// SetHostServicePending: the host Service is not created yet because the guest nodePorts
+// SetHostServicePending records that the host Service is not created yet because the guest nodePorts
 // are not known (or not usable); GuestServiceReady says why.
 func SetHostServicePending(gi *guestnetv1.GuestIngress, service string) {
 	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPPendingReason,
 		fmt.Sprintf("Service %s/%s is created once the guest nodePorts it forwards to are known: see GuestServiceReady", gi.Namespace, service))
 }
 
-// SetLoadBalancerReady: the host Service has its IP.
+// SetLoadBalancerReady records that the host Service has its IP.
 func SetLoadBalancerReady(gi *guestnetv1.GuestIngress, svc *corev1.Service, ip, pool, policy string) {
 	msg := fmt.Sprintf("Service %s/%s has IP %s from CiliumLoadBalancerIPPool %s", svc.Namespace, svc.Name, ip, pool)
 	if policy != "" {
@@ -133,7 +133,7 @@ func SetLoadBalancerReady(gi *guestnetv1.GuestIngress, svc *corev1.Service, ip, 
 	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionTrue, guestnetv1.ReadyReason, msg)
 }
 
-// SetNoHostService: there is no host Service to have endpoints (see the other conditions).
+// SetNoHostService records that there is no host Service to have endpoints (see the other conditions).
 func SetNoHostService(gi *guestnetv1.GuestIngress) {
 	set(gi, guestnetv1.EndpointsReadyCondition, metav1.ConditionFalse, guestnetv1.NoEndpointsReason,
 		"There is no host Service yet; GuestServiceReady and LoadBalancerReady say why")

@@ -175,7 +175,7 @@ func TestObjectUpToDate(t *testing.T) {
 		u.SetResourceVersion("7")
 		u.SetManagedFields([]metav1.ManagedFieldsEntry{{
 			Manager: "guestnet", Operation: metav1.ManagedFieldsOperationApply, FieldsType: "FieldsV1",
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)},
+			FieldsV1: metav1.NewFieldsV1(fields),
 		}})
 		if mutate != nil {
 			mutate(u)

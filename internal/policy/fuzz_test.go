@@ -20,6 +20,7 @@ package policy_test
 // Run longer with: go test ./internal/policy -run '^$' -fuzz FuzzBuilders -fuzztime 2m
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/netip"
 	"slices"
@@ -226,7 +227,7 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 		}
 	}
 	for k, v := range svc.Annotations {
-		if ingress.ForbiddenHostServiceKey(k) && !(k == ingress.LBIPAMIPsAnnotation && v == gi.Spec.LoadBalancer.IP) {
+		if ingress.ForbiddenHostServiceKey(k) && (k != ingress.LBIPAMIPsAnnotation || v != gi.Spec.LoadBalancer.IP) {
 			t.Fatalf("forbidden annotation %s=%s on the host Service", k, v)
 		}
 	}
@@ -243,7 +244,7 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 		if ifs, _ := spec["interfaces"].([]any); len(ifs) == 0 {
 			t.Fatalf("L2 policy on every interface: %v", spec)
 		}
-		if _, ok := spec["externalIPs"]; ok || spec["loadBalancerIPs"] != true {
+		if _, ok := spec["externalIPs"]; ok || spec["loadBalancerIPs"] != any(true) {
 			t.Fatalf("L2 policy announces more than load-balancer IPs: %v", spec)
 		}
 	}
@@ -361,5 +362,5 @@ func equalMaps(a, b map[string]string) bool {
 func equalAny(a, b any) bool {
 	ja, err1 := json.Marshal(a)
 	jb, err2 := json.Marshal(b)
-	return err1 == nil && err2 == nil && string(ja) == string(jb)
+	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
 }

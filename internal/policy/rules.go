@@ -287,7 +287,7 @@ func announcement(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress)
 		}
 	}
 	if _, err := metav1.LabelSelectorAsSelector(&l2.NodeSelector); err != nil {
-		return ingress.Announcement{}, fmt.Errorf("any announcement: its l2Announcement.nodeSelector is invalid (%v)", err)
+		return ingress.Announcement{}, fmt.Errorf("any announcement: its l2Announcement.nodeSelector is invalid (%w)", err)
 	}
 	var ownSel *metav1.LabelSelector
 	if own != nil {

@@ -36,7 +36,7 @@ func ownsInfrastructureRefName(e metav1.ManagedFieldsEntry) bool {
 		return false
 	}
 	var fields map[string]any
-	if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err != nil {
+	if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &fields); err != nil {
 		return false
 	}
 	for _, key := range infrastructureRefNamePath {
@@ -65,7 +65,7 @@ func KeepInfrastructureRefOwners(in any) (any, error) {
 		case e.Manager == hostnames.FieldManager:
 			keep = append(keep, e)
 		case ownsInfrastructureRefName(e):
-			e.FieldsV1 = &metav1.FieldsV1{Raw: infrastructureRefNameFields}
+			e.FieldsV1 = metav1.NewFieldsV1(string(infrastructureRefNameFields))
 			keep = append(keep, e)
 		}
 	}

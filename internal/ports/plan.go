@@ -18,20 +18,20 @@ import (
 type Action string
 
 const (
-	// NoAction: the template declares what is required (or has no ports list, or is not
+	// NoAction means the template declares what is required (or has no ports list, or is not
 	// masquerade), or guestnet may not edit the MachineDeployment (ClusterClass topology,
 	// template error): the conditions say what the user can do.
 	NoAction Action = "None"
-	// Repoint: create Plan.Template (unless Plan.Exists) and point the MachineDeployment at it.
+	// Repoint creates Plan.Template (unless Plan.Exists) and points the MachineDeployment at it.
 	Repoint Action = "Repoint"
-	// WaitForRollout: CAPI is still rolling the workers to a copy guestnet generated; the next
+	// WaitForRollout means CAPI is still rolling the workers to a copy guestnet generated; the next
 	// copy follows once that rollout is done (one rollout at a time, at CAPI's pace).
 	WaitForRollout Action = "WaitForRollout"
-	// Reverted: after guestnet repointed the MachineDeployment, someone else set it back to
+	// Reverted means after guestnet repointed the MachineDeployment, someone else set it back to
 	// the template guestnet had replaced (RepointedFromAnnotation). guestnet does not fight:
 	// the template's source must declare the ports.
 	Reverted Action = "Reverted"
-	// NameTaken: an object guestnet did not write holds the copy's name; guestnet does not
+	// NameTaken means an object guestnet did not write holds the copy's name; guestnet does not
 	// adopt it.
 	NameTaken Action = "NameTaken"
 )

@@ -143,7 +143,7 @@ func TestPortsDeclaredConditionWhenGuestnetStops(t *testing.T) {
 func TestInfrastructureRefOwners(t *testing.T) {
 	g := NewWithT(t)
 	entry := func(manager, fields string) metav1.ManagedFieldsEntry {
-		return metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationApply, FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)}}
+		return metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationApply, FieldsV1: metav1.NewFieldsV1(fields)}
 	}
 	ref := `{"f:spec":{"f:template":{"f:spec":{"f:infrastructureRef":{"f:apiGroup":{},"f:kind":{},"f:name":{}},"f:version":{}}},"f:replicas":{}}}`
 	md := &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{
@@ -163,7 +163,7 @@ func TestInfrastructureRefOwners(t *testing.T) {
 	for _, e := range cached.ManagedFields {
 		managers = append(managers, e.Manager)
 		if e.Manager != "guestnet" {
-			g.Expect(string(e.FieldsV1.Raw)).To(Equal(`{"f:spec":{"f:template":{"f:spec":{"f:infrastructureRef":{"f:name":{}}}}}}`))
+			g.Expect(e.FieldsV1.GetRawString()).To(Equal(`{"f:spec":{"f:template":{"f:spec":{"f:infrastructureRef":{"f:name":{}}}}}}`))
 		}
 	}
 	g.Expect(managers).To(Equal([]string{"kustomize-controller", "guestnet", "argocd-controller"}))

@@ -26,8 +26,10 @@ type Port struct {
 	Protocol corev1.Protocol
 }
 
-// TCP and UDP build a Port.
+// TCP builds a TCP Port.
 func TCP(n int32) Port { return Port{Number: n, Protocol: corev1.ProtocolTCP} }
+
+// UDP builds a UDP Port.
 func UDP(n int32) Port { return Port{Number: n, Protocol: corev1.ProtocolUDP} }
 
 // String renders the port as "22/TCP".

@@ -38,14 +38,14 @@ var (
 type TemplateState string
 
 const (
-	// PortsDeclared: the masquerade interface lists every required port.
+	// PortsDeclared means the masquerade interface lists every required port.
 	PortsDeclared TemplateState = "PortsDeclared"
-	// PortsMissing: the masquerade interface has a ports list that lacks required ports,
+	// PortsMissing means the masquerade interface has a ports list that lacks required ports,
 	// which the VM then drops silently.
 	PortsMissing TemplateState = "PortsMissing"
-	// AllPortsForwarded: the masquerade interface has no ports list: every port reaches the VM.
+	// AllPortsForwarded means the masquerade interface has no ports list: every port reaches the VM.
 	AllPortsForwarded TemplateState = "AllPortsForwarded"
-	// NotMasquerade: the pod network is not bound with masquerade (e.g. bridge binding), so
+	// NotMasquerade means the pod network is not bound with masquerade (e.g. bridge binding), so
 	// there is no ports list to keep.
 	NotMasquerade TemplateState = "NotMasquerade"
 )

@@ -122,9 +122,9 @@ func live(manager string) *corev1.Service {
 			Annotations: map[string]string{"note": "someone else's"},
 			ManagedFields: []metav1.ManagedFieldsEntry{
 				{Manager: manager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1", FieldsType: "FieldsV1",
-					FieldsV1: &metav1.FieldsV1{Raw: []byte(ownedFields)}},
+					FieldsV1: metav1.NewFieldsV1(ownedFields)},
 				{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1",
-					FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{"f:team":{}},"f:annotations":{"f:note":{}}}}`)}},
+					FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:team":{}},"f:annotations":{"f:note":{}}}}`)},
 			},
 		},
 		Spec: corev1.ServiceSpec{
