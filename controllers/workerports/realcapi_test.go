@@ -8,7 +8,6 @@ package workerports_test
 // never finishes, which is what "one rollout at a time" has to cope with.
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -17,9 +16,7 @@ import (
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -57,9 +54,7 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 		g.Expect(ptr.Deref(md.Status.UpToDateReplicas, -1)).To(BeEquivalentTo(2))
 	}).Should(Succeed())
 
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
-		return manager.SetupWorkerPorts(ctx, mgr, cc, o)
-	})
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupWorkerPorts)
 	e.createGuestIngress("web", 30080)
 	first := e.eventuallyRepointed(original).Spec.Template.Spec.InfrastructureRef.Name
 	e.g.Expect(e.analyze(*e.template(first)).Declared).To(ContainElement(ports.TCP(30080)))

@@ -116,7 +116,7 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 		"--webhook-cert-dir="+certDir,
 		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields",
 	)
-	if err := l.installControlPlaneCRD(ctx); err != nil {
+	if err := l.installControlPlaneCRD(); err != nil {
 		return nil, err
 	}
 	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
@@ -130,7 +130,7 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return c.netns.dial(ctx, addr) },
 	}}
 	if err := c.proc.waitReady(readyCtx, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9440/readyz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9440/readyz", http.NoBody)
 		resp, err := probe.Do(req)
 		if err != nil {
 			return err
@@ -310,7 +310,7 @@ var kubevirtMachineGVK = ports.KubevirtMachineTemplateGVK.GroupVersion().WithKin
 // k0smotron's v1beta1 API), so CAPI resolves the reference.
 var controlPlaneGVK = schema.GroupVersionKind{Group: "controlplane.cluster.x-k8s.io", Version: "v1beta1", Kind: "K0smotronControlPlane"}
 
-func (l *Lab) installControlPlaneCRD(ctx context.Context) error {
+func (l *Lab) installControlPlaneCRD() error {
 	preserve := &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr.To(true)}
 	crd := &apiextensionsv1.CustomResourceDefinition{
 		ObjectMeta: metav1.ObjectMeta{

@@ -175,10 +175,10 @@ type GuestClusterOption struct {
 // before it deletes a Machine's Node.
 func ForRealCAPI(watchFilter string) GuestClusterOption {
 	return GuestClusterOption{
-		cluster: func(c *clusterv1.Cluster) { setLabel(&c.Labels, clusterv1.WatchLabel, watchFilter) },
+		cluster: func(c *clusterv1.Cluster) { c.Labels = withLabel(c.Labels, clusterv1.WatchLabel, watchFilter) },
 		machineDeployment: func(md *clusterv1.MachineDeployment) {
-			setLabel(&md.Labels, clusterv1.WatchLabel, watchFilter)
-			setLabel(&md.Spec.Template.Labels, clusterv1.WatchLabel, watchFilter)
+			md.Labels = withLabel(md.Labels, clusterv1.WatchLabel, watchFilter)
+			md.Spec.Template.Labels = withLabel(md.Spec.Template.Labels, clusterv1.WatchLabel, watchFilter)
 		},
 		after: func(ctx context.Context, l *Lab, gc *GuestCluster) error {
 			return l.createControlPlane(ctx, gc)
@@ -186,11 +186,13 @@ func ForRealCAPI(watchFilter string) GuestClusterOption {
 	}
 }
 
-func setLabel(labels *map[string]string, key, value string) {
-	if *labels == nil {
-		*labels = map[string]string{}
+// withLabel returns labels (a new map when nil) with key set to value.
+func withLabel(labels map[string]string, key, value string) map[string]string {
+	if labels == nil {
+		labels = map[string]string{}
 	}
-	(*labels)[key] = value
+	labels[key] = value
+	return labels
 }
 
 // workerTemplate is a KubevirtMachineTemplate as users write them for masquerade workers,
