@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -81,6 +84,9 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 		return err
 	}
 	fmt.Print(manifest)
+	fmt.Println("\nbefore: CAPI's MachineDeployment, its one MachineSet and two Machines, on the user's worker template")
+	host("get", "machinedeployments,machinesets,machines", "-n", clusterNamespace)
+	host("get", "machinedeployments", "-n", clusterNamespace, "-o", "custom-columns=NAME:.metadata.name,TEMPLATE:.spec.template.spec.infrastructureRef.name")
 	host("apply", "-f", path)
 	gi := &guestnetv1.GuestIngress{}
 	key := client.ObjectKey{Namespace: clusterNamespace, Name: "web"}
@@ -108,27 +114,37 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 		return fmt.Errorf("waiting for guestnet to declare the nodePorts on a new worker template: %w", err)
 	}
 	fmt.Println("\nguestnet declared it on a new worker template and repointed the MachineDeployment:")
-	host("get", "gi", "web", "-n", clusterNamespace, "-o", `jsonpath={.status.conditions[?(@.type=="PortsDeclared")].message}{"\n"}`)
+	host(portsDeclared...)
 	host("get", "machinedeployments", "-n", clusterNamespace, "-o", "custom-columns=NAME:.metadata.name,TEMPLATE:.spec.template.spec.infrastructureRef.name")
 
-	section("CAPI rolls the workers onto the template guestnet generated (the demo plays CAPI: new VMs, old ones deleted)")
-	for i, old := range s.workers {
-		if err := l.RemoveWorker(ctx, s.cluster, old); err != nil {
-			return err
-		}
-		w, err := l.AddWorker(ctx, s.cluster, fmt.Sprintf("%s-md-0-%c", clusterName, 'c'+i), fmt.Sprintf("10.244.1.%d", 13+i))
-		if err != nil {
-			return err
-		}
-		for _, port := range []int32{30080, 30443} {
-			if err := w.ServeMachineName(port); err != nil {
-				return err
-			}
-		}
+	section("CAPI's MachineDeployment controller (the real one, core v1.14.2) rolls the workers onto the template guestnet generated; the demo plays CAPK and KubeVirt: new VMs boot and join, deleted ones go")
+	started := time.Now()
+	generated := md.Spec.Template.Spec.InfrastructureRef.Name
+	if err := waitFor(ctx, func() bool {
+		return playCAPK(ctx, l, s.cluster, s.running, s.nextIP, serveEnvoy) == nil && slices.ContainsFunc(slices.Collect(maps.Values(s.running)),
+			func(w *lab.Worker) bool { return w.Template == generated })
+	}); err != nil {
+		return fmt.Errorf("waiting for CAPI to create a Machine of %s: %w", generated, err)
 	}
-	if err := l.SetMachineDeploymentStatus(ctx, s.cluster, 2, 2); err != nil {
-		return err
+	fmt.Println("\nthe rollout under way: a new MachineSet for the generated template, surging one Machine (maxSurge 1, maxUnavailable 0):")
+	host("get", "machinedeployments,machinesets,machines", "-n", clusterNamespace)
+	host(portsDeclared...)
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
+		if err := playCAPK(ctx, l, s.cluster, s.running, s.nextIP, serveEnvoy); apierrors.IsConflict(err) {
+			return false, nil // CAPI wrote the object meanwhile: next time
+		} else if err != nil {
+			return false, err
+		}
+		all := machineSetsFor(ctx, l, s.cluster, "")
+		return machineDeploymentAvailable(ctx, l, s.cluster, 2) && len(s.running) == 2 &&
+			len(all) == 1 && all[0].Spec.Template.Spec.InfrastructureRef.Name == generated, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for CAPI's rollout to finish: %w", err)
 	}
+	fmt.Printf("\nthe rollout finished in %s: the old MachineSet scaled down and deleted, both workers run the generated template\n", time.Since(started).Round(100*time.Millisecond))
+	host("get", "machinedeployments,machinesets,machines", "-n", clusterNamespace)
+	host(portsDeclared...)
 	if err := waitFor(ctx, func() bool {
 		return l.Host.Client.Get(ctx, key, gi) == nil && conditions.IsTrue(gi, guestnetv1.ReadyCondition) && gi.Status.ReadyEndpoints == 2
 	}); err != nil {
@@ -138,6 +154,32 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 	host("get", "gi", "-n", clusterNamespace)
 	curl(ctx, 443, 4)
 	return nil
+}
+
+// portsDeclared are the kubectl arguments that print the GuestIngress's PortsDeclared condition.
+var portsDeclared = []string{"get", "gi", "web", "-n", clusterNamespace, "-o", `jsonpath={range .status.conditions[?(@.type=="PortsDeclared")]}{.type}={.status} {.reason}: {.message}{"\n"}{end}`}
+
+// serveEnvoy runs the Envoy stand-in of a new worker VM.
+func serveEnvoy(w *lab.Worker) error {
+	for _, port := range []int32{30080, 30443} {
+		if err := w.ServeMachineName(port); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// machineSetsFor lists the MachineSets CAPI created for the cluster's MachineDeployment, those
+// of one worker template only if template is not empty.
+func machineSetsFor(ctx context.Context, l *lab.Lab, gc *lab.GuestCluster, template string) []clusterv1.MachineSet {
+	list := &clusterv1.MachineSetList{}
+	if err := l.Host.Client.List(ctx, list, client.InNamespace(gc.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: gc.MachineDeployment}); err != nil {
+		return nil
+	}
+	return slices.DeleteFunc(list.Items, func(ms clusterv1.MachineSet) bool {
+		return template != "" && ms.Spec.Template.Spec.InfrastructureRef.Name != template
+	})
 }
 
 // createContour creates Contour's Envoy Service in the guest and runs an Envoy stand-in on
@@ -160,10 +202,8 @@ func createContour(ctx context.Context, l *lab.Lab, workers []*lab.Worker) error
 		return err
 	}
 	for _, w := range workers {
-		for _, port := range []int32{30080, 30443} {
-			if err := w.ServeMachineName(port); err != nil {
-				return err
-			}
+		if err := serveEnvoy(w); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -1,6 +1,8 @@
 // Command demo starts the two-cluster lab (host + guest control planes) with a guest cluster
 // as the field report found it, and shows its state the way an operator sees it: kubectl on
-// the host and on the guest. Run it with `make demo`: it needs the lab's private network
+// the host and on the guest. The Cluster API core manager is the real one (lab.StartCAPI):
+// the GuestIngress part shows the worker rollout it runs when guestnet repoints the
+// MachineDeployment. Run it with `make demo`: it needs the lab's private network
 // namespace (hack/labns) and the lab assets the Makefile builds.
 package main
 
@@ -21,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2/textlogger"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
@@ -65,7 +69,7 @@ func run(hold bool, dir string) error {
 
 	section("Host: the CAPI cluster, its worker template and the workers' virt-launcher pods")
 	host := kubectl(l, l.Host)
-	host("get", "clusters,machinedeployments,kubevirtmachinetemplates", "-n", clusterNamespace)
+	host("get", "clusters,machinedeployments,machinesets,machines,kubevirtmachinetemplates", "-n", clusterNamespace)
 	host("get", "pods", "-n", clusterNamespace, "-o", "wide", "-L", "cluster.x-k8s.io/cluster-name,cluster.x-k8s.io/role,"+lab.VMTemplateLabel)
 
 	section("Host: two Services for the workers. The field report's selected by virtualMachineTemplate.metadata.labels (KubeVirt never copies those to the pods): no endpoints. The CAPI labels select every worker")
@@ -125,7 +129,10 @@ func run(hold bool, dir string) error {
 }
 
 type scenario struct {
-	cluster       *lab.GuestCluster
+	cluster *lab.GuestCluster
+	// running holds the worker VMs by Machine (playCAPK); workers the first two, in order.
+	running       map[string]*lab.Worker
+	ipSuffix      int
 	workers       []*lab.Worker
 	certManager   *lab.CertManager
 	clusterIssuer string // path of a ClusterIssuer manifest
@@ -143,22 +150,33 @@ func bridgeNodePorts() []int32 {
 	return out
 }
 
-// setUpFieldReport builds the guest cluster as the field report found it: two workers
-// running the real cert-manager webhook (and cainjector) and the real metrics-server, a host
+// setUpFieldReport builds the guest cluster as the field report found it, its workers those
+// of the real CAPI manager it starts (lab.StartCAPI; the demo plays CAPK, see playCAPK): two
+// workers running the real cert-manager webhook (and cainjector) and the real metrics-server, a host
 // Service selecting the workers by the wrong labels; then waits until the host's controller
 // manager and the guest's aggregator have reacted.
 func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	ports := append([]int32{22, 10250, lab.WorkerServicePort}, bridgeNodePorts()...)
-	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: ports})
+	capi, err := l.StartCAPI(ctx, clusterNamespace, capiWatchFilter)
 	if err != nil {
 		return nil, err
 	}
-	var workers []*lab.Worker
-	for i, ip := range []string{"10.244.1.11", "10.244.1.12"} {
-		w, err := l.AddWorker(ctx, gc, fmt.Sprintf("%s-md-0-%c", clusterName, 'a'+i), ip)
-		if err != nil {
-			return nil, err
-		}
+	fmt.Printf("Cluster API core manager v1.14.2 running (log %s)\n", capi.LogPath())
+	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: ports}, lab.ForRealCAPI(capiWatchFilter))
+	if err != nil {
+		return nil, err
+	}
+	// CAPI creates the MachineSet and its two Machines; the demo plays CAPK and KubeVirt
+	// (playCAPK): a VM for each, booted and joined, until the MachineDeployment is available.
+	s := &scenario{cluster: gc, running: map[string]*lab.Worker{}}
+	if err := waitFor(ctx, func() bool {
+		err := playCAPK(ctx, l, gc, s.running, s.nextIP, nil)
+		return err == nil && machineDeploymentAvailable(ctx, l, gc, 2)
+	}); err != nil {
+		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available: %w", err)
+	}
+	workers := sortedWorkers(s.running)
+	for i, w := range workers {
 		usage := lab.KubeletUsage{CPUCores: 0.25 * float64(i+1), MemoryBytes: (1536 + 512*int64(i)) << 20}
 		if i == 1 {
 			usage.Pods = []lab.PodUsage{lab.MetricsServerPodUsage(0.05, 40<<20)}
@@ -166,11 +184,6 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 		if err := w.ServeKubeletStandIn(usage); err != nil {
 			return nil, err
 		}
-		workers = append(workers, w)
-	}
-	// CAPI reports the workers' MachineDeployment as rolled out (no CAPI controller runs in the lab).
-	if err := l.SetMachineDeploymentStatus(ctx, gc, 2, 2); err != nil {
-		return nil, err
 	}
 	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate}); err != nil {
 		return nil, err
@@ -215,7 +228,27 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the host controller manager: %w", err)
 	}
-	return &scenario{cluster: gc, workers: workers, certManager: cm, clusterIssuer: clusterIssuer}, nil
+	s.workers, s.certManager, s.clusterIssuer = workers, cm, clusterIssuer
+	return s, nil
+}
+
+// nextIP returns the pod IP of the next worker VM: 10.244.1.11, 10.244.1.12, ...
+func (s *scenario) nextIP() string {
+	s.ipSuffix++
+	return fmt.Sprintf("10.244.1.%d", 10+s.ipSuffix)
+}
+
+// machineDeploymentAvailable reports whether CAPI says the cluster's MachineDeployment has
+// observed its current spec and runs replicas available, up-to-date Machines and no others.
+func machineDeploymentAvailable(ctx context.Context, l *lab.Lab, gc *lab.GuestCluster, replicas int32) bool {
+	md := &clusterv1.MachineDeployment{}
+	if err := l.Host.Client.Get(ctx, client.ObjectKey{Namespace: gc.Namespace, Name: gc.MachineDeployment}, md); err != nil {
+		return false
+	}
+	return md.Status.ObservedGeneration == md.Generation &&
+		ptr.Deref(md.Status.Replicas, -1) == replicas &&
+		ptr.Deref(md.Status.UpToDateReplicas, -1) == replicas &&
+		ptr.Deref(md.Status.AvailableReplicas, -1) == replicas
 }
 
 const clusterIssuerYAML = `apiVersion: cert-manager.io/v1

@@ -226,7 +226,8 @@ func (c *CAPI) LogPath() string { return c.proc.logPath }
 // Node, the Machine becomes available and a rollout goes on. A Machine CAPI deletes stays
 // until its KubevirtMachine is gone, which is when ReleaseDeletedKubevirtMachines plays CAPK
 // having deleted the VM. It returns how many it provisioned; call it again for the Machines a
-// rollout creates next. No virt-launcher pod is created (AddWorker does that).
+// rollout creates next. No virt-launcher pod is created: AddWorker does that, and called
+// first with the KubevirtMachine's name its Node is the one given the providerID.
 func (l *Lab) ProvisionKubevirtMachines(ctx context.Context, ns string) (int, error) {
 	list := newUnstructuredList(kubevirtMachineGVK)
 	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
@@ -247,7 +248,16 @@ func (l *Lab) ProvisionKubevirtMachines(ctx context.Context, ns string) (int, er
 			return n, fmt.Errorf("setting providerID of KubevirtMachine %s: %w", m.GetName(), err)
 		}
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.GetName()}, Spec: corev1.NodeSpec{ProviderID: providerID}}
-		if err := l.Guest.Client.Create(ctx, node); client.IgnoreAlreadyExists(err) != nil {
+		if err := l.Guest.Client.Create(ctx, node); apierrors.IsAlreadyExists(err) {
+			// AddWorker created it (with the VM's address): keep that, add the providerID.
+			if err := l.Guest.Client.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
+				return n, err
+			}
+			node.Spec.ProviderID = providerID
+			if err := l.Guest.Client.Update(ctx, node); err != nil {
+				return n, fmt.Errorf("setting providerID of guest Node %s: %w", m.GetName(), err)
+			}
+		} else if err != nil {
 			return n, fmt.Errorf("creating guest Node %s: %w", m.GetName(), err)
 		}
 		// As a kubelet reports them: CAPI's NodeHealthy needs the pressure conditions too.
