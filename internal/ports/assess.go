@@ -99,6 +99,9 @@ type Workers struct {
 	// Plan is what guestnet does about it (the workerports controller applies it; the
 	// PortsDeclared conditions and diagnose report it).
 	Plan Plan
+	// OldMachines is how many Machines the MachineDeployment's MachineSets on another template
+	// than its own still have (or are asked to have).
+	OldMachines int32
 }
 
 // TopologyOwned reports whether the MachineDeployment belongs to a ClusterClass topology:
@@ -117,8 +120,32 @@ func (w *Workers) RollingOut() (rolling bool, upToDate, desired int32) {
 	if md.Status.ObservedGeneration >= md.Generation {
 		upToDate = ptr.Deref(md.Status.UpToDateReplicas, 0)
 	}
-	rolling = upToDate < desired || conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)
+	// CAPI observes a new template before it counts the old MachineSet's Machines as out of
+	// date: while those Machines exist, they are what is not up to date.
+	if w.OldMachines > 0 {
+		upToDate = max(0, min(upToDate, desired-w.OldMachines))
+	}
+	rolling = upToDate < desired || w.OldMachines > 0 || conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)
 	return rolling, upToDate, desired
+}
+
+// oldMachines counts, per MachineDeployment name, the Machines of its MachineSets (the more
+// of desired and current replicas) whose template is not the MachineDeployment's.
+func oldMachines(mds []clusterv1.MachineDeployment, machineSets []clusterv1.MachineSet) map[string]int32 {
+	template := map[string]string{}
+	for _, md := range mds {
+		template[md.Name] = md.Spec.Template.Spec.InfrastructureRef.Name
+	}
+	old := map[string]int32{}
+	for _, ms := range machineSets {
+		md := ms.Labels[clusterv1.MachineDeploymentNameLabel]
+		current, ok := template[md]
+		if !ok || ms.Spec.Template.Spec.InfrastructureRef.Name == current {
+			continue
+		}
+		old[md] += max(ptr.Deref(ms.Spec.Replicas, 0), ptr.Deref(ms.Status.Replicas, 0))
+	}
+	return old
 }
 
 // ListWorkers reads the cluster's MachineDeployments that use KubevirtMachineTemplates,
@@ -129,6 +156,11 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 	if err := host.List(ctx, mds, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
 		return nil, err
 	}
+	machineSets := &clusterv1.MachineSetList{}
+	if err := host.List(ctx, machineSets, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
+		return nil, err
+	}
+	old := oldMachines(mds.Items, machineSets.Items)
 	var out []Workers
 	for i := range mds.Items {
 		md := &mds.Items[i]
@@ -136,7 +168,7 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 		if md.Spec.ClusterName != cluster.Name || ref.Kind != KubevirtMachineTemplateGVK.Kind || ref.APIGroup != KubevirtMachineTemplateGVK.Group {
 			continue
 		}
-		w := Workers{MachineDeployment: md}
+		w := Workers{MachineDeployment: md, OldMachines: old[md.Name]}
 		tmpl := &unstructured.Unstructured{}
 		tmpl.SetGroupVersionKind(KubevirtMachineTemplateGVK)
 		if err := host.Get(ctx, client.ObjectKey{Namespace: md.Namespace, Name: ref.Name}, tmpl); err != nil {

@@ -51,6 +51,11 @@ func TestPortsDeclaredCondition(t *testing.T) {
 			wantInMsg: []string{"KubevirtMachineTemplate md-1-tmpl (MachineDeployment md-1) lacks 30443/TCP"}},
 		{name: "declared, rollout in progress", own: own, workers: []Workers{workers("md-0", PortsDeclared, declared, rolling)},
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.RollingOutReason, wantInMsg: []string{"1 of 3 workers run it"}},
+		// Just after a repoint CAPI has observed the new generation but still counts the old
+		// MachineSet's Machines as up to date, and RollingOut is not True yet (seen with the real
+		// CAPI v1.14.2 in the demo): the old MachineSet's Machines say it is not over.
+		{name: "declared, CAPI not yet counting the old Machines", own: own, workers: []Workers{workers("md-0", PortsDeclared, declared, func(w *Workers) { w.OldMachines = 2 })},
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.RollingOutReason, wantInMsg: []string{"1 of 3 workers run it"}},
 		{name: "topology-owned: give the variable value", own: own, workers: []Workers{workers("md-0", PortsMissing, []Port{TCP(22), UDP(8473)}, topology)},
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.TopologyVariableRequiredReason,
 			wantInMsg: []string{`set the Cluster topology variable guestnet to {"workerPorts":[{"port":22,"protocol":"TCP"},{"port":8473,"protocol":"UDP"},{"port":10250,"protocol":"TCP"},{"port":30080,"protocol":"TCP"},{"port":30443,"protocol":"TCP"}]}`}},
