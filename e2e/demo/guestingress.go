@@ -222,8 +222,10 @@ func curl(ctx context.Context, port int32, n int) {
 	}
 }
 
+// waitFor polls done for up to 3 minutes: on a busy 2-core machine CAPI's first rollout alone
+// can take more than one.
 func waitFor(ctx context.Context, done func() bool) error {
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		return done(), nil
 	})
 }

@@ -169,11 +169,12 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	// CAPI creates the MachineSet and its two Machines; the demo plays CAPK and KubeVirt
 	// (playCAPK): a VM for each, booted and joined, until the MachineDeployment is available.
 	s := &scenario{cluster: gc, running: map[string]*lab.Worker{}}
+	var playErr error
 	if err := waitFor(ctx, func() bool {
-		err := playCAPK(ctx, l, gc, s.running, s.nextIP, nil)
-		return err == nil && machineDeploymentAvailable(ctx, l, gc, 2)
+		playErr = playCAPK(ctx, l, gc, s.running, s.nextIP, nil)
+		return playErr == nil && machineDeploymentAvailable(ctx, l, gc, 2)
 	}); err != nil {
-		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available: %w", err)
+		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available (last error playing CAPK: %v; CAPI's log: %s): %w", playErr, capi.LogPath(), err)
 	}
 	workers := sortedWorkers(s.running)
 	for i, w := range workers {
