@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -259,16 +260,24 @@ func containsModule(goMod string) bool {
 
 // createReadyNode creates a Node whose Ready condition is True, with an InternalIP when ip
 // is set. No kubelet runs in the lab: the Node only has to exist for the EndpointSlice
-// controller (host) and to carry the worker's address (guest).
+// controller (host) and to carry the worker's address (guest). A Node that exists already
+// (the played CAPK may have created it for a KubevirtMachine first, with its providerID) is
+// kept and given the status.
 func createReadyNode(ctx context.Context, c client.Client, name, ip string) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := c.Create(ctx, node); err != nil {
+	if err := c.Create(ctx, node); apierrors.IsAlreadyExists(err) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
+			return fmt.Errorf("reading node %s: %w", name, err)
+		}
+	} else if err != nil {
 		return fmt.Errorf("creating node %s: %w", name, err)
 	}
-	node.Status.Conditions = []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		Message: "lab node (no kubelet runs in the lab)", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
-	}}
+	if len(node.Status.Conditions) == 0 {
+		node.Status.Conditions = []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "lab node (no kubelet runs in the lab)", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+		}}
+	}
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}}
 	if ip != "" {
 		node.Status.Addresses = append(node.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
