@@ -174,7 +174,11 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 		playErr = playCAPK(ctx, l, gc, s.running, s.nextIP, nil)
 		return playErr == nil && machineDeploymentAvailable(ctx, l, gc, 2)
 	}); err != nil {
-		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available (last error playing CAPK: %v; CAPI's log: %s): %w", playErr, capi.LogPath(), err)
+		played := "none"
+		if playErr != nil {
+			played = playErr.Error()
+		}
+		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available (last error playing CAPK: %s; CAPI's log: %s): %w", played, capi.LogPath(), err)
 	}
 	workers := sortedWorkers(s.running)
 	for i, w := range workers {
