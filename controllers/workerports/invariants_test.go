@@ -14,6 +14,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -446,7 +447,9 @@ func TestCrashAtAnyWriteConverges(t *testing.T) {
 			}
 			e.g.Expect(stop()).To(Succeed())
 			if crashAt == writes {
-				e.g.Expect(budget.Writes).To(HaveExactElements(HavePrefix("create KubevirtMachineTemplate"), HavePrefix("patch MachineDeployment"), HavePrefix("delete KubevirtMachineTemplate")))
+				// A reconcile on a cache that has not yet seen the deletion (a MachineSet's
+				// deletion wakes the controller too) may delete the copy again: NotFound, no harm.
+				e.g.Expect(slices.Compact(slices.Clone(budget.Writes))).To(HaveExactElements(HavePrefix("create KubevirtMachineTemplate"), HavePrefix("patch MachineDeployment"), HavePrefix("delete KubevirtMachineTemplate")))
 			}
 
 			stop = e.runWorkerPorts(nil)

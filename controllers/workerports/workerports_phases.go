@@ -154,7 +154,11 @@ func (r *Reconciler) deleteUnusedTemplates(ctx context.Context, s *scope) error 
 			continue
 		}
 		uid := tmpl.GetUID()
-		if err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		err := r.Client.Delete(ctx, tmpl, client.Preconditions{UID: &uid})
+		if apierrors.IsNotFound(err) {
+			continue // already gone (a reconcile on a cache that had not seen it go): nothing to tell
+		}
+		if err != nil {
 			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
 		}
 		clusterscope.RecordWrite(ctx, r.recorder, s.cluster, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateDeleted", Action: "DeclarePorts",
