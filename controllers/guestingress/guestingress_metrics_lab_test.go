@@ -11,7 +11,6 @@ import (
 
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -24,6 +23,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/test/metricstest"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -36,16 +36,16 @@ func TestGuestIngressMetrics_RepairsAndReadyReason(t *testing.T) {
 	gauges := prometheus.NewRegistry()
 	gauges.MustRegister(&metrics.Collector{Reader: mgr.GetCache(), Elected: mgr.Elected()})
 	readyGauge := func(g Gomega) map[string]float64 {
-		return series(g, gauges, metrics.GuestIngressesName, "status", "reason")
+		return metricstest.Series(g, gauges, metrics.GuestIngressesName, "status", "reason")
 	}
-	before := series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
+	before := metricstest.Series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
 
 	e.createGuestService(corev1.ServiceTypeClusterIP, nil)
 	gc := e.createCluster("tenant-a", 1)
 	gi := e.createGuestIngress("web", gc.Name)
 	e.eventuallyReady(gi)
 	e.g.Eventually(readyGauge).WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(map[string]float64{"True/Ready": 1}))
-	e.g.Expect(series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")).To(Equal(before),
+	e.g.Expect(metricstest.Series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")).To(Equal(before),
 		"building the host objects and the guest Service is no repair")
 
 	// Someone edits the host Service's selector by hand: guestnet puts it back, and counts
@@ -57,7 +57,7 @@ func TestGuestIngressMetrics_RepairsAndReadyReason(t *testing.T) {
 	})).To(Succeed())
 	e.g.Eventually(func() map[string]string { return e.getHostService("tenant-a-web").Spec.Selector }).
 		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector("tenant-a")))
-	after := series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
+	after := metricstest.Series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
 	e.g.Expect(after[string(metrics.RepairHostService)] - before[string(metrics.RepairHostService)]).To(BeNumerically(">=", 1))
 	for _, k := range metrics.RepairKinds {
 		if k != metrics.RepairHostService {
@@ -79,36 +79,4 @@ func TestGuestIngressMetrics_RepairsAndReadyReason(t *testing.T) {
 	// Deleted: gone from the gauge, with nothing to take back.
 	e.g.Expect(e.host.Delete(e.ctx, gi)).To(Succeed())
 	e.g.Eventually(readyGauge).WithTimeout(waitTimeout).WithPolling(poll).Should(BeEmpty())
-}
-
-// series are the values of metric name in what g gathers, by the values of labels joined with
-// "/" (the other labels are summed over).
-func series(g Gomega, gatherer prometheus.Gatherer, name string, labels ...string) map[string]float64 {
-	families, err := gatherer.Gather()
-	g.Expect(err).NotTo(HaveOccurred())
-	out := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			out[labelKey(m, labels)] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return out
-}
-
-func labelKey(m *dto.Metric, labels []string) string {
-	values := map[string]string{}
-	for _, l := range m.GetLabel() {
-		values[l.GetName()] = l.GetValue()
-	}
-	key := ""
-	for i, l := range labels {
-		if i > 0 {
-			key += "/"
-		}
-		key += values[l]
-	}
-	return key
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/test/metricstest"
 )
 
 // Not parallel: the counters are the process's, and parallel tests of this package repair
@@ -30,9 +31,11 @@ func TestGuestWebhookBridgeMetrics_ARevertIsCountedAsARepair(t *testing.T) {
 	gauges := prometheus.NewRegistry()
 	gauges.MustRegister(&metrics.Collector{Reader: mgr.GetCache()})
 	targets := func(g Gomega) map[string]float64 {
-		return series(g, gauges, metrics.BridgeTargetsName, "state", "reason")
+		return metricstest.Series(g, gauges, metrics.BridgeTargetsName, "state", "reason")
 	}
-	repairs := func() map[string]float64 { return series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind") }
+	repairs := func() map[string]float64 {
+		return metricstest.Series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
+	}
 	before := repairs()
 
 	wh := e.createWebhook()
@@ -62,32 +65,4 @@ func TestGuestWebhookBridgeMetrics_ARevertIsCountedAsARepair(t *testing.T) {
 	e.g.Expect(e.host.Delete(e.ctx, gwb)).To(Succeed())
 	e.eventuallyGone(gwb)
 	e.g.Eventually(targets).WithTimeout(waitTimeout).Should(BeEmpty())
-}
-
-// series are the values of metric name in what g gathers, by the values of labels joined with
-// "/" (the other labels are summed over).
-func series(g Gomega, gatherer prometheus.Gatherer, name string, labels ...string) map[string]float64 {
-	families, err := gatherer.Gather()
-	g.Expect(err).NotTo(HaveOccurred())
-	out := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			values := map[string]string{}
-			for _, l := range m.GetLabel() {
-				values[l.GetName()] = l.GetValue()
-			}
-			key := ""
-			for i, l := range labels {
-				if i > 0 {
-					key += "/"
-				}
-				key += values[l]
-			}
-			out[key] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return out
 }

@@ -39,8 +39,9 @@ const capiWebhookPort = 9443
 // filter (CAPI's --watch-filter: the label cluster.x-k8s.io/watch-filter, see ForRealCAPI),
 // its admission webhooks serving one namespace.
 //
-// It runs in a pod network namespace of its own (newPodNetnsTo): its webhook server listens
-// on ":9443", every address, with no flag to choose one, which is harmless there only. The
+// It runs in a pod network namespace of its own (newPodNetnsTo, inside the lab's namespace,
+// with no interface but lo): its webhook server listens on ":9443", every address, with no
+// flag to choose one, so it must not run anywhere else. The
 // host and guest apiservers are reachable from it (egress forwarders); its webhook server is
 // published at CAPIPodAddress:<free port>, with a serving certificate from the host CA.
 //
