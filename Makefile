@@ -131,12 +131,14 @@ help: ## Show this help.
 
 .PHONY: demo
 demo: lab-assets ## Start the two-cluster lab and show the state of host and guest.
-	go run -exec $(LABNS) ./e2e/demo $(DEMO_ARGS)
+	@$(call build_step,manager,go build -o bin/manager .)
+	GUESTNET_MANAGER_BIN=$(abspath bin/manager) go run -exec $(LABNS) ./e2e/demo $(DEMO_ARGS)
 
 .PHONY: test
 test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
 	@$(MAKE) --no-print-directory release IMAGE_PLATFORMS="$(TEST_IMAGE_PLATFORMS)"
-	GUESTNET_IMAGE_PLATFORMS="$(TEST_IMAGE_PLATFORMS)" go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
+	GUESTNET_IMAGE_PLATFORMS="$(TEST_IMAGE_PLATFORMS)" GUESTNET_MANAGER_BIN=$(abspath bin/manager-linux-$(shell go env GOARCH)) \
+		go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
 
 # `make bench` (issue 13, not part of `make test`): for each fleet size of BENCH_N, a fresh lab
 # and the real manager binary as its own process (e2e/bench); results in BENCH_OUT.

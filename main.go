@@ -24,8 +24,14 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/flags"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingresspolicy"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
@@ -155,7 +161,7 @@ func run(ctx context.Context, opts *options) error {
 	if err != nil {
 		return err
 	}
-	if err := manager.SetupReconcilers(ctx, mgr, clusterCache, opts.wiring); err != nil {
+	if err := setupReconcilers(ctx, mgr, clusterCache, opts.wiring); err != nil {
 		return err
 	}
 	// guestnet's gauges, computed from the manager's cache on every scrape (internal/metrics);
@@ -191,6 +197,54 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 	return mgr, nil
+}
+
+// setupReconcilers registers the guestnet controllers on mgr, and the experimental ones whose
+// feature gates are enabled.
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o manager.Options) error {
+	if err := (&guestingress.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency)); err != nil {
+		return fmt.Errorf("setting up GuestIngress controller: %w", err)
+	}
+	if err := (&guestwebhookbridge.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency)); err != nil {
+		return fmt.Errorf("setting up GuestWebhookBridge controller: %w", err)
+	}
+	if err := (&workerports.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.WorkerPortsConcurrency)); err != nil {
+		return fmt.Errorf("setting up worker ports controller: %w", err)
+	}
+	// A manager limited to one namespace cannot count what a cluster-scoped policy admits: it
+	// leaves the policies' status to one that sees every namespace.
+	if o.WatchNamespace == "" {
+		if err := (&guestingresspolicy.Reconciler{
+			Client:           mgr.GetClient(),
+			WatchFilterValue: o.WatchFilterValue,
+		}).SetupWithManager(ctx, mgr, manager.Concurrency(1)); err != nil {
+			return fmt.Errorf("setting up GuestIngressPolicy controller: %w", err)
+		}
+	}
+	if feature.Gates.Enabled(feature.ClusterTopologyVariables) {
+		if err := (&topology.Reconciler{
+			Client:           mgr.GetClient(),
+			WatchFilterValue: o.WatchFilterValue,
+		}).SetupWithManager(ctx, mgr, manager.Concurrency(o.TopologyVariablesConcurrency)); err != nil {
+			return fmt.Errorf("setting up topology variables controller: %w", err)
+		}
+	}
+	return nil
 }
 
 // setupChecks registers the liveness and readiness probes served on --health-addr.

@@ -48,7 +48,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
 
 const diagnoseTimeout = 90 * time.Second
@@ -132,7 +131,7 @@ func TestDiagnose_HealthyClusterIsAllOK(t *testing.T) {
 
 	// guestnet: a GuestIngress and a GuestWebhookBridge, both Ready.
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
-	lab.StartManager(t, l, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
+	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 	gi := createGuestIngress(t, l, ns, "web", gc.Name, guestSvc, "10.98.9.10", ptr.To(httpNodePort), ptr.To(httpsNodePort))
 	gwb := &guestnetv1.GuestWebhookBridge{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "webhooks"},

@@ -40,7 +40,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
 
 const giTimeout = 30 * time.Second
@@ -60,7 +59,7 @@ func TestGuestIngress_RequestsThroughTheLoadBalancerIPReachEveryWorker(t *testin
 	w1 := addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.50.11", 31080, 31443)
 	w2 := addEnvoyWorker(t, l, gc, ns+"-md-0-b", "10.244.50.12", 31080, 31443)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
-	lab.StartManager(t, l, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
+	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	const ip = "10.98.1.10"
 	gi := createGuestIngress(t, l, ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31080), ptr.To[int32](31443))
@@ -129,7 +128,7 @@ func TestGuestIngress_FollowsAChangedGuestNodePort(t *testing.T) {
 	stopOld := serveEnvoy(t, w, 31180)
 	serveEnvoy(t, w, 31181)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeNodePort, []int32{31180, 31543})
-	lab.StartManager(t, l, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
+	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	const ip = "10.98.2.10"
 	gi := createGuestIngress(t, l, ns, "web", gc.Name, guestSvc, ip, nil, nil)
@@ -167,7 +166,7 @@ func TestGuestIngress_UndeclaredNodePortBreaksTheRequestUntilTheWorkersRoll(t *t
 	gc := createIngressCluster(t, l, ns, "tenant-a", 31280)
 	old := addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.52.11", 31280, 31643)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
-	lab.StartManager(t, l, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
+	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	const ip = "10.98.3.10"
 	gi := createGuestIngress(t, l, ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31280), ptr.To[int32](31643))
@@ -220,7 +219,7 @@ func TestGuestIngress_SameClusterNameInTwoNamespacesStayApart(t *testing.T) {
 			tn.machines = append(tn.machines, w.Machine)
 		}
 		guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
-		lab.StartManager(t, l, manager.Options{WatchNamespace: tn.ns}, manager.SetupReconcilers)
+		l.StartManagerBinary(t, lab.ManagerFlags{Namespace: tn.ns})
 		tn.gi = createGuestIngress(t, l, tn.ns, "web", gc.Name, guestSvc, tn.ip, &http, &https)
 	}
 	for _, tn := range tenants {
@@ -240,7 +239,7 @@ func TestGuestIngress_IPConflictKeepsTheFirstWorking(t *testing.T) {
 	ctx := testContext(t)
 	startCiliumStandIn(t, l)
 	filter := uniqueName("gi-conflict")
-	lab.StartManager(t, l, manager.Options{WatchFilterValue: filter}, manager.SetupReconcilers)
+	l.StartManagerBinary(t, lab.ManagerFlags{WatchFilter: filter})
 
 	const ip = "10.98.5.10"
 	var gis []*guestnetv1.GuestIngress

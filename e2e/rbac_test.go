@@ -6,11 +6,9 @@ package e2e
 // docs/rbac.md explains every rule; TestDocsRBAC checks the page lists them all.
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +24,6 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
 
 func TestRBAC_TheGeneratedRolesAreEnoughForTheManager(t *testing.T) {
@@ -39,8 +36,8 @@ func TestRBAC_TheGeneratedRolesAreEnoughForTheManager(t *testing.T) {
 
 	// The manager as a ServiceAccount with the ClusterRole exactly as generated and the leader
 	// election Role (the manager here does not elect a leader; the Role is bound anyway, as
-	// deployed), logging to a buffer that the test reads.
-	log, stop := runManagerAsServiceAccount(t, l, ns, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
+	// deployed); the test reads its log.
+	m := runManagerAsServiceAccount(t, l, ns, lab.ManagerFlags{Namespace: ns})
 
 	// A GuestIngress, Ready: Services, Cilium pool and policy, EndpointSlices, events.
 	startCiliumStandIn(t, l)
@@ -88,11 +85,11 @@ func TestRBAC_TheGeneratedRolesAreEnoughForTheManager(t *testing.T) {
 			WithTimeout(giTimeout).Should(BeTrue(), "%T %s is deleted", obj, obj.GetName())
 	}
 
-	g.Expect(stop()).To(Succeed())
-	for _, line := range strings.Split(log.String(), "\n") {
+	m.Stop()
+	for _, line := range strings.Split(m.Log(), "\n") {
 		g.Expect(line).NotTo(ContainSubstring("forbidden"), "the manager was refused a request: the generated RBAC lacks a rule")
 	}
-	g.Expect(log.String()).To(ContainSubstring("Reconcile"), "the log is the manager's")
+	g.Expect(m.Log()).To(ContainSubstring("Reconcile"), "the log is the manager's")
 }
 
 func readYAML(g Gomega, path string, into any) {
@@ -114,22 +111,4 @@ func updateBridge(ctx context.Context, c client.Client, gwb *guestnetv1.GuestWeb
 			return err
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the manager's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -34,22 +34,19 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2/textlogger"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	admission "github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
@@ -464,18 +461,13 @@ func newSecurityEnv(t *testing.T, lbNet string, opts ...securityOption) *securit
 	e.g.Expect(e.host.Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns, Labels: map[string]string{lab.NoLabPolicyLabel: "true"}}})).To(Succeed())
 	e.tenant = tenantClient(t, l, e.ns)
 
-	setup := manager.SetupReconcilers
+	flags := lab.ManagerFlags{WatchFilter: e.filter}
 	if o.topology {
-		setup = func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, mo manager.Options) error {
-			if err := manager.SetupReconcilers(ctx, mgr, cc, mo); err != nil {
-				return err
-			}
-			return manager.SetupTopologyVariables(ctx, mgr, cc, mo)
-		}
+		flags.FeatureGates = string(feature.ClusterTopologyVariables) + "=true"
 	}
-	log, _ := runManagerAsServiceAccount(t, l, e.ns, manager.Options{WatchFilterValue: e.filter}, setup)
+	m := runManagerAsServiceAccount(t, l, e.ns, flags)
 	t.Cleanup(func() {
-		for _, line := range strings.Split(log.String(), "\n") {
+		for _, line := range strings.Split(m.Log(), "\n") {
 			if strings.Contains(line, "forbidden") {
 				t.Errorf("the manager was refused a request: the generated RBAC lacks a rule: %s", line)
 			}
@@ -679,7 +671,7 @@ func installTenantRoles(t *testing.T, l *lab.Lab) {
 // of namespace ns bound to exactly the generated ClusterRole (config/rbac/role.yaml) and the
 // leader election Role, as deployed. It returns the manager's log; when the test fails, the
 // log lines of refused requests are printed.
-func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, opts manager.Options, setup lab.SetupFunc) (log *syncBuffer, stop func() error) {
+func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, flags lab.ManagerFlags) *lab.ManagerBinary {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := testContext(t)
@@ -711,23 +703,19 @@ func runManagerAsServiceAccount(t *testing.T, l *lab.Lab, ns string, opts manage
 	token, err := clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa.Name,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
-	asManager := rest.AnonymousClientConfig(l.Host.Config)
-	asManager.BearerToken = token.Status.Token
-	log = &syncBuffer{}
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(log), textlogger.Verbosity(2)))
-	_, stop, err = lab.RunManagerAs(context.Background(), l, asManager, opts, setup, logger)
-	g.Expect(err).NotTo(HaveOccurred())
+	flags.As = rest.AnonymousClientConfig(l.Host.Config)
+	flags.As.BearerToken = token.Status.Token
+	m := l.StartManagerBinary(t, flags)
 	t.Cleanup(func() {
-		_ = stop()
 		if t.Failed() {
-			for _, line := range strings.Split(log.String(), "\n") {
+			for _, line := range strings.Split(m.Log(), "\n") {
 				if strings.Contains(line, "forbidden") {
 					t.Logf("manager: %s", line)
 				}
 			}
 		}
 	})
-	return log, stop
+	return m
 }
 
 // update reads obj afresh into a new object, mutates it and updates it, again on conflicts.

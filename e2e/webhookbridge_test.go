@@ -31,7 +31,6 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
 
 func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testing.T) {
@@ -47,7 +46,7 @@ func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testin
 	kp, err := lab.StartGuestKubeProxyStandIn(ctx, l)
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(kp.Stop)
-	lab.StartManager(t, l, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
+	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	chartValidating := getValidating(ctx, g, guest)
 	chartMutating := getMutating(ctx, g, guest)

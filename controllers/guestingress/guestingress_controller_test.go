@@ -18,7 +18,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 
+	"context"
+
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/internal/controllertest"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
@@ -48,7 +54,7 @@ func TestGuestIngressController(t *testing.T) {
 			gi := obj.(*guestnetv1.GuestIngress)
 			gi.Spec.LoadBalancer.Annotations = map[string]string{"test.guestnet.dev/change": utilrand.String(8)}
 		},
-		Setup: manager.SetupGuestIngress,
+		Setup: setupGuestIngress,
 	})
 }
 
@@ -91,4 +97,14 @@ func TestDocsNameEveryGuestIngressReason(t *testing.T) {
 			}
 		}
 	}
+}
+
+// setupGuestIngress registers the GuestIngress controller on mgr, as main.go does.
+func setupGuestIngress(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+	return (&guestingress.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     cc,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency))
 }

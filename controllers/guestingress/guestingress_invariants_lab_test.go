@@ -359,7 +359,7 @@ func TestGuestIngressInvariants_DeletionHandsTheGuestServiceBackExactly(t *testi
 func TestGuestIngressInvariants_FinalizerEndsWhenTheGuestIsGone(t *testing.T) {
 	t.Parallel()
 	e := newPhaseEnv(t, envOptions{manual: true})
-	stop := e.runManager(manager.SetupGuestIngress)
+	stop := e.runManager(setupGuestIngress)
 	e.createGuestService(corev1.ServiceTypeClusterIP, nil)
 	gc := e.createCluster("tenant-a", 1)
 	gi := e.createGuestIngress("web", gc.Name)
@@ -367,7 +367,7 @@ func TestGuestIngressInvariants_FinalizerEndsWhenTheGuestIsGone(t *testing.T) {
 	e.g.Expect(stop()).To(Succeed())
 
 	e.g.Expect(e.host.Delete(e.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: gc.Name + "-kubeconfig"}})).To(Succeed())
-	e.runManager(manager.SetupGuestIngress)
+	e.runManager(setupGuestIngress)
 	e.g.Expect(e.host.Delete(e.ctx, gi)).To(Succeed())
 	e.eventuallyGone(gi)
 	_, err := e.tryGetHostService("tenant-a-web")

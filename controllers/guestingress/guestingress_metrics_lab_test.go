@@ -31,7 +31,7 @@ import (
 // host Services too. (Parallel tests wait until the sequential ones are done.)
 func TestGuestIngressMetrics_RepairsAndReadyReason(t *testing.T) {
 	e := newPhaseEnv(t, envOptions{manual: true})
-	mgr := lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupGuestIngress)
+	mgr := lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupGuestIngress)
 	// The gauges as main.go registers them, from this manager's cache (this namespace only).
 	gauges := prometheus.NewRegistry()
 	gauges.MustRegister(&metrics.Collector{Reader: mgr.GetCache(), Elected: mgr.Elected()})

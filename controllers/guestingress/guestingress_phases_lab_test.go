@@ -550,7 +550,7 @@ type envOptions struct {
 	// allNamespaces runs the manager for every namespace, limited to objects labelled with a
 	// watch filter of the test's own (for tests that need two namespaces).
 	allNamespaces bool
-	// setup registers the controller; manager.SetupGuestIngress when nil.
+	// setup registers the controller; setupGuestIngress when nil.
 	setup lab.SetupFunc
 	// manual starts no manager: the test starts (and stops) its own with runManager.
 	manual bool
@@ -584,7 +584,7 @@ func newPhaseEnv(t *testing.T, opts envOptions) *phaseEnv {
 	e.watchFilter = mo.WatchFilterValue
 	setup := opts.setup
 	if setup == nil {
-		setup = manager.SetupGuestIngress
+		setup = setupGuestIngress
 	}
 	if !opts.manual {
 		lab.StartManager(t, l, mo, setup)

@@ -12,7 +12,13 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"context"
+
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/internal/controllertest"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
@@ -43,6 +49,16 @@ func TestGuestWebhookBridgeController(t *testing.T) {
 				b.Spec.Mode = guestnetv1.BridgeModeAlways
 			}
 		},
-		Setup: manager.SetupGuestWebhookBridge,
+		Setup: setupGuestWebhookBridge,
 	})
+}
+
+// setupGuestWebhookBridge registers the GuestWebhookBridge controller on mgr, as main.go does.
+func setupGuestWebhookBridge(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+	return (&guestwebhookbridge.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     cc,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency))
 }

@@ -378,7 +378,7 @@ func e2eUnreachableGuest(t *testing.T) (*bridgeEnv, *guestnetv1.GuestWebhookBrid
 	gc := e.createCluster("tenant-a", 1)
 	path := e.routeGuestThroughPath(gc.Name)
 	t.Cleanup(path.close)
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupGuestWebhookBridge)
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupGuestWebhookBridge)
 	gwb := e.createBridge("bridge", gc.Name)
 	e.eventuallyCondition(gwb, guestnetv1.TargetsBridgedCondition, metav1.ConditionTrue, guestnetv1.TargetsBridgedReason)
 	e.g.Expect(e.getWebhookConfig(e.webhookNS).Webhooks[0].ClientConfig.URL).NotTo(BeNil())

@@ -27,7 +27,7 @@ import (
 // targets too. (Parallel tests wait until the sequential ones are done.)
 func TestGuestWebhookBridgeMetrics_ARevertIsCountedAsARepair(t *testing.T) {
 	e := newBridgeEnvWithoutManager(t)
-	mgr := lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupGuestWebhookBridge)
+	mgr := lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupGuestWebhookBridge)
 	gauges := prometheus.NewRegistry()
 	gauges.MustRegister(&metrics.Collector{Reader: mgr.GetCache()})
 	targets := func(g Gomega) map[string]float64 {

@@ -426,7 +426,7 @@ type bridgeEnv struct {
 
 func newBridgeEnv(t *testing.T) *bridgeEnv {
 	e := newBridgeEnvWithoutManager(t)
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupGuestWebhookBridge)
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupGuestWebhookBridge)
 	return e
 }
 
@@ -448,7 +448,7 @@ func newBridgeEnvWithoutManager(t *testing.T) *bridgeEnv {
 // runManager starts a manager for the test's namespace and returns what stops it.
 func (e *bridgeEnv) runManager() func() error {
 	e.t.Helper()
-	_, stop, err := lab.RunManager(context.Background(), e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupGuestWebhookBridge, logr.Discard())
+	_, stop, err := lab.RunManager(context.Background(), e.l, manager.Options{WatchNamespace: e.ns}, setupGuestWebhookBridge, logr.Discard())
 	e.g.Expect(err).NotTo(HaveOccurred())
 	return stop
 }

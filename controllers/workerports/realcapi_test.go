@@ -54,7 +54,7 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 		g.Expect(ptr.Deref(md.Status.UpToDateReplicas, -1)).To(BeEquivalentTo(2))
 	}).Should(Succeed())
 
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupWorkerPorts)
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupWorkerPorts)
 	e.createGuestIngress("web", 30080)
 	first := e.eventuallyRepointed(original).Spec.Template.Spec.InfrastructureRef.Name
 	e.g.Expect(e.analyze(*e.template(first)).Declared).To(ContainElement(ports.TCP(30080)))

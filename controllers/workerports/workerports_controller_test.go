@@ -33,7 +33,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/internal/controllertest"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -219,10 +221,15 @@ var ciliumConfigOnce sync.Once
 func newEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
 	e := newEnvWithoutManager(t, tmpl, mutateMD...)
 	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
-		if err := manager.SetupWorkerPorts(ctx, mgr, cc, o); err != nil {
+		if err := setupWorkerPorts(ctx, mgr, cc, o); err != nil {
 			return err
 		}
-		return manager.SetupGuestWebhookBridge(ctx, mgr, cc, o)
+		return (&guestwebhookbridge.Reconciler{
+			Client:           mgr.GetClient(),
+			APIReader:        mgr.GetAPIReader(),
+			ClusterCache:     cc,
+			WatchFilterValue: o.WatchFilterValue,
+		}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency))
 	})
 	return e
 }
@@ -400,4 +407,14 @@ func names(items []unstructured.Unstructured) []string {
 		out[i] = items[i].GetName()
 	}
 	return out
+}
+
+// setupWorkerPorts registers the worker ports controller on mgr, as main.go does.
+func setupWorkerPorts(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+	return (&workerports.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     cc,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.WorkerPortsConcurrency))
 }

@@ -21,14 +21,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/klog/v2/textlogger"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -97,19 +95,12 @@ func run(hold bool, dir string) error {
 		return err
 	}
 	defer standIn.Stop()
-	logPath := filepath.Join(l.Dir, "manager-demo.log")
-	logFile, err := os.Create(logPath)
+	mgr, err := l.RunManagerBinary(ctx, "manager-demo", lab.ManagerFlags{})
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
-	_, stopManager, err := lab.RunManager(ctx, l, manager.Options{}, manager.SetupReconcilers, logger)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = stopManager() }()
-	fmt.Printf("manager log: %s\n", logPath)
+	defer mgr.Stop()
+	fmt.Printf("manager log: %s\n", mgr.LogPath)
 
 	if err := webhookBridgeTour(ctx, l, s, host, guest); err != nil {
 		return err

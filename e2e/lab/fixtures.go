@@ -86,6 +86,21 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			o.cluster(cluster)
 		}
 	}
+	// The kubeconfig Secret comes first, so the ClusterCache's first connection succeeds: a
+	// failed one is retried only after 30 s, and the manager binary the e2e tests run cannot
+	// shorten that.
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: ns, Name: name + "-kubeconfig",
+			Labels: map[string]string{clusterv1.ClusterNameLabel: name},
+		},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{"value": l.Guest.Kubeconfig},
+	}
+	if err := c.Create(ctx, secret); err != nil {
+		return nil, fmt.Errorf("creating kubeconfig Secret: %w", err)
+	}
+
 	if err := c.Create(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("creating Cluster: %w", err)
 	}
@@ -102,18 +117,6 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 	}}
 	if err := c.Status().Update(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
-	}
-
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: ns, Name: name + "-kubeconfig",
-			Labels: map[string]string{clusterv1.ClusterNameLabel: name},
-		},
-		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{"value": l.Guest.Kubeconfig},
-	}
-	if err := c.Create(ctx, secret); err != nil {
-		return nil, fmt.Errorf("creating kubeconfig Secret: %w", err)
 	}
 
 	if err := c.Create(ctx, workerTemplate(ns, gc.WorkerTemplate, tmpl)); err != nil {

@@ -24,9 +24,9 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 )
 
-// SetupFunc registers controllers on a manager, with the ClusterCache that connects them to
-// guest clusters: manager.SetupReconcilers (everything main.go registers),
-// manager.SetupGuestIngress or manager.SetupGuestWebhookBridge.
+// SetupFunc registers the controllers under test on a manager, with the ClusterCache that
+// connects them to guest clusters, as main.go registers them. (Tests of everything main.go
+// registers run the manager binary: Lab.StartManagerBinary.)
 type SetupFunc func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts manager.Options) error
 
 // ManagerSyncPeriod is the manager's resync period in the lab: the manager's default
@@ -40,8 +40,9 @@ const ManagerSyncPeriod = 10 * time.Minute
 // finds no Secret; production then waits 30 s, which would only make the tests slow.
 const ManagerConnectionRetryInterval = time.Second
 
-// StartManager runs guestnet's manager against the lab's host apiserver until the test ends:
-// the cache, client and ClusterCache wiring of main.go (internal/manager), with opts (set
+// StartManager runs a manager in the test process against the lab's host apiserver until the
+// test ends, for the controller packages' tests: the cache, client and ClusterCache options of
+// main.go (internal/manager), with opts (set
 // opts.WatchNamespace to the test's namespace so tests cannot see each other's objects), and
 // the controllers that setup registers. Metrics and health probes are disabled, so nothing
 // binds a port. The manager logs to a file in the lab directory; its tail is printed when

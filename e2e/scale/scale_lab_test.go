@@ -14,16 +14,15 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/test/metricstest"
 )
 
 var shared = lab.Shared{DirPrefix: "guestnet-scale", Options: lab.Options{Audit: true}}
@@ -78,12 +77,8 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 		return phase{host: host, guest: guest}
 	}
 
-	// Everything main.go registers, with main.go's concurrency.
-	lab.StartManager(t, l, manager.Options{
-		SyncPeriod:              resync,
-		GuestIngressConcurrency: 10, GuestWebhookBridgeConcurrency: 10, WorkerPortsConcurrency: 10,
-		ClusterCacheConcurrency: 100, ClusterCacheClientQPS: 20, ClusterCacheClientBurst: 30,
-	}, manager.SetupReconcilers)
+	// The manager binary, with its default flags but a short resync.
+	mgr := l.StartManagerBinary(t, lab.ManagerFlags{SyncPeriod: resync})
 	next() // the manager's start (lists, watches, leader election: none)
 
 	// GuestIngresses first, then bridges: each phase's writes are its objects' own.
@@ -120,11 +115,11 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 
 	// Steady state: wait until every GuestIngress was reconciled again by the resync (nothing
 	// else changes), then count.
-	before := reconciles(t, "guestingress")
-	g.Eventually(func() float64 { return reconciles(t, "guestingress") - before }).
+	before := reconciles(g, mgr, "guestingress")
+	g.Eventually(func() float64 { return reconciles(g, mgr, "guestingress") - before }).
 		WithTimeout(4 * resync).WithPolling(time.Second).Should(BeNumerically(">=", fleetSize))
 	steady := settle(t, next)
-	steady.log(t, fmt.Sprintf("steady state (%v of GuestIngress reconciles by the resync)", reconciles(t, "guestingress")-before))
+	steady.log(t, fmt.Sprintf("steady state (%v of GuestIngress reconciles by the resync)", reconciles(g, mgr, "guestingress")-before))
 	g.Expect(steady.writes(all)).To(BeZero(), "writes at steady state:\n%s", steady.counts(isWrite))
 	g.Expect(steady.reads()).To(BeZero(), "live reads at steady state:\n%s", steady.counts(isRead))
 }
@@ -212,34 +207,9 @@ func (p phase) log(t *testing.T, name string) {
 		p.counts(func(r lab.AuditRequest) bool { return r.Write() || r.Read() }))
 }
 
-// reconciles is how many reconciles the controller has finished (controller-runtime's metric).
-func reconciles(t *testing.T, controller string) float64 {
-	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatalf("gathering metrics: %v", err)
-	}
-	total := 0.0
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if label(m, "controller") == controller {
-				total += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return total
-}
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
+// reconciles is how many reconciles the manager's controller has done, from its /metrics.
+func reconciles(g Gomega, mgr *lab.ManagerBinary, controller string) float64 {
+	return metricstest.Series(g, mgr, "controller_runtime_reconcile_total", "controller")[controller]
 }
 
 func eventuallyReady(ctx context.Context, g *WithT, c client.Client, gi *guestnetv1.GuestIngress) {

@@ -28,6 +28,9 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
@@ -67,7 +70,7 @@ validatingWebhooks: {names: [cert-manager-webhook]}`
 // from the objects, an edit of the objects is undone; removing ingress deletes the
 // GuestIngress only, removing the variable deletes the GuestWebhookBridge.
 func TestTopologyVariableCreatesUpdatesAndDeletesTheObjects(t *testing.T) {
-	e := newEnv(t, manager.SetupTopologyVariables)
+	e := newEnv(t, setupTopologyVariables)
 	cluster := e.createCluster("tenant-a", value(map[string]string{"workerPorts": `[{port: 8472, protocol: UDP}]`, "ingress": ingressValue, "webhookBridge": bridgeValue}))
 
 	gi := e.eventuallyGuestIngress(cluster, func(g Gomega, gi *guestnetv1.GuestIngress) {
@@ -155,7 +158,7 @@ mode: Always`}))
 // (no label, or not owned by the Cluster) is never changed nor deleted; the Cluster gets a
 // Warning event. Once the user deletes theirs, the variable's is created.
 func TestTopologyObjectsNotMadeFromTheVariableAreNeverTouched(t *testing.T) {
-	e := newEnv(t, manager.SetupTopologyVariables)
+	e := newEnv(t, setupTopologyVariables)
 	users := &guestnetv1.GuestIngress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "tenant-a"},
 		Spec: guestnetv1.GuestIngressSpec{
@@ -200,7 +203,7 @@ func TestTopologyObjectsNotMadeFromTheVariableAreNeverTouched(t *testing.T) {
 // value that is not even an object deletes nothing. (With CAPI's webhooks running, CAPI
 // refuses such values already: the ClusterClass schema has the CRDs' rules.)
 func TestTopologyInvalidValueChangesNothing(t *testing.T) {
-	e := newEnv(t, manager.SetupTopologyVariables)
+	e := newEnv(t, setupTopologyVariables)
 	cluster := e.createCluster("tenant-a", value(map[string]string{
 		"ingress":       "guestService: {namespace: projectcontour, name: envoy}\nloadBalancer: {class: x}",
 		"webhookBridge": bridgeValue,
@@ -236,7 +239,7 @@ func TestTopologyInvalidValueChangesNothing(t *testing.T) {
 
 // While the Cluster is paused (CAPI pause) the variable is not acted on; unpausing applies it.
 func TestTopologyPausedClusterIsLeftAlone(t *testing.T) {
-	e := newEnv(t, manager.SetupTopologyVariables)
+	e := newEnv(t, setupTopologyVariables)
 	cluster := e.createCluster("tenant-a", value(map[string]string{"ingress": ingressValue}), func(c *clusterv1.Cluster) {
 		c.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
 	})
@@ -248,15 +251,19 @@ func TestTopologyPausedClusterIsLeftAlone(t *testing.T) {
 	e.eventuallyGuestIngress(cluster, func(Gomega, *guestnetv1.GuestIngress) {})
 }
 
-// The controller runs only with the ClusterTopologyVariables feature gate: the manager wiring
-// main.go uses (internal/manager.SetupReconcilers) does not register it when the gate is off,
-// and does when it is on. The gate is global, so this test does not run in parallel.
+// The controller runs only with the ClusterTopologyVariables feature gate: the manager binary
+// does not register it when the gate is off, and does with --feature-gates
+// ClusterTopologyVariables=true.
 func TestTopologyFeatureGate(t *testing.T) {
 	g := NewWithT(t)
 	g.Expect(feature.Gates.Enabled(feature.ClusterTopologyVariables)).To(BeFalse(), "alpha: off by default")
 	for _, enabled := range []bool{false, true} {
-		setGate(t, enabled)
-		e := newEnv(t, manager.SetupReconcilers)
+		e := newEnv(t, nil)
+		flags := lab.ManagerFlags{Namespace: e.ns}
+		if enabled {
+			flags.FeatureGates = string(feature.ClusterTopologyVariables) + "=true"
+		}
+		shared.Get(t).StartManagerBinary(t, flags)
 		cluster := e.createCluster("tenant-a", value(map[string]string{"ingress": ingressValue, "webhookBridge": bridgeValue}))
 		if !enabled {
 			e.g.Consistently(func() bool {
@@ -270,20 +277,6 @@ func TestTopologyFeatureGate(t *testing.T) {
 	}
 }
 
-// setGate sets the ClusterTopologyVariables gate until the test ends. Managers read it when
-// they are set up.
-func setGate(t *testing.T, enabled bool) {
-	t.Helper()
-	before := feature.Gates.Enabled(feature.ClusterTopologyVariables)
-	set := func(v bool) {
-		if err := feature.MutableGates.SetFromMap(map[string]bool{string(feature.ClusterTopologyVariables): v}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	set(enabled)
-	t.Cleanup(func() { set(before) })
-}
-
 // --- the environment of one test ---------------------------------------------------------------
 
 type env struct {
@@ -294,14 +287,17 @@ type env struct {
 	ns  string
 }
 
-// newEnv creates a namespace of the test's own and starts a manager for it with setup.
+// newEnv creates a namespace of the test's own and starts a manager for it with setup (none
+// when setup is nil).
 func newEnv(t *testing.T, setup lab.SetupFunc) *env {
 	l := shared.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	e := &env{t: t, g: NewWithT(t), ctx: ctx, c: l.Host.Client, ns: "topology-" + utilrand.String(6)}
 	e.g.Expect(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}})).To(Succeed())
-	lab.StartManager(t, l, manager.Options{WatchNamespace: e.ns}, setup)
+	if setup != nil {
+		lab.StartManager(t, l, manager.Options{WatchNamespace: e.ns}, setup)
+	}
 	return e
 }
 
@@ -478,4 +474,12 @@ func (e *env) eventuallyEvent(cluster *clusterv1.Cluster, eventType, reason, not
 		g.Expect(false).To(BeTrue(), "no event %s %s %q containing %q on the Cluster; its events:\n%s",
 			eventType, reason, notePrefix, contains, strings.Join(seen, "\n"))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// setupTopologyVariables registers the topology variables controller on mgr, as main.go does.
+func setupTopologyVariables(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+	return (&topology.Reconciler{
+		Client:           mgr.GetClient(),
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.TopologyVariablesConcurrency))
 }

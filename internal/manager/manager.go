@@ -1,7 +1,8 @@
-// Package manager wires the guestnet controllers into a controller-runtime manager: what the
-// manager caches, CAPI's ClusterCache (one client and cache per guest cluster, built from the
-// <cluster>-kubeconfig Secret) and the reconcilers. The manager binary (main.go) and the lab
-// tests (e2e/lab.StartManager) share it, so the tests run the wiring that ships.
+// Package manager holds the options of guestnet's controller-runtime manager and what it
+// caches: the cache and client options and CAPI's ClusterCache (one client and cache per guest
+// cluster, built from the <cluster>-kubeconfig Secret). It registers no controller: main.go
+// does. The manager binary and the controller packages' lab tests (e2e/lab.StartManager)
+// share it, so those tests cache what the binary caches.
 package manager
 
 import (
@@ -27,12 +28,6 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingresspolicy"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
@@ -40,7 +35,7 @@ import (
 // Name is the user agent of every client and the prefix of the leader election lease.
 const Name = "guestnet-manager"
 
-// Options are the settings of the wiring (main.go sets them from its flags). Zero values are
+// Options are the settings of the manager (main.go sets them from its flags). Zero values are
 // usable: every concurrency then is 1, the ClusterCache clients use CAPI's default QPS and
 // burst, and nothing is resynced periodically.
 type Options struct {
@@ -170,103 +165,14 @@ func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (cluste
 				DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
 			},
 		},
-	}, concurrency(o.ClusterCacheConcurrency))
+	}, Concurrency(o.ClusterCacheConcurrency))
 	if err != nil {
 		return nil, fmt.Errorf("setting up ClusterCache: %w", err)
 	}
 	return clusterCache, nil
 }
 
-// SetupReconcilers registers the guestnet controllers on mgr, and the experimental ones
-// whose feature gates are enabled.
-func SetupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
-	if err := SetupGuestIngress(ctx, mgr, clusterCache, o); err != nil {
-		return err
-	}
-	if err := SetupGuestWebhookBridge(ctx, mgr, clusterCache, o); err != nil {
-		return err
-	}
-	if err := SetupWorkerPorts(ctx, mgr, clusterCache, o); err != nil {
-		return err
-	}
-	if o.WatchNamespace == "" {
-		// A manager limited to one namespace cannot count what a cluster-scoped policy
-		// admits: it leaves the policies' status to one that sees every namespace.
-		if err := SetupGuestIngressPolicy(ctx, mgr, clusterCache, o); err != nil {
-			return err
-		}
-	}
-	if feature.Gates.Enabled(feature.ClusterTopologyVariables) {
-		return SetupTopologyVariables(ctx, mgr, clusterCache, o)
-	}
-	return nil
-}
-
-// SetupTopologyVariables registers the experimental controller that manages each
-// ClusterClass-based Cluster's GuestIngress and GuestWebhookBridge from its guestnet topology
-// variable (exp/topology). SetupReconcilers calls it only when the ClusterTopologyVariables
-// feature gate is enabled.
-func SetupTopologyVariables(ctx context.Context, mgr ctrl.Manager, _ clustercache.ClusterCache, o Options) error {
-	if err := (&topology.Reconciler{
-		Client:           mgr.GetClient(),
-		WatchFilterValue: o.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, concurrency(o.TopologyVariablesConcurrency)); err != nil {
-		return fmt.Errorf("setting up topology variables controller: %w", err)
-	}
-	return nil
-}
-
-// SetupWorkerPorts registers the controller that declares the worker ports on mgr.
-func SetupWorkerPorts(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
-	if err := (&workerports.Reconciler{
-		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
-		ClusterCache:     clusterCache,
-		WatchFilterValue: o.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, concurrency(o.WorkerPortsConcurrency)); err != nil {
-		return fmt.Errorf("setting up worker ports controller: %w", err)
-	}
-	return nil
-}
-
-// SetupGuestIngress registers the GuestIngress controller on mgr.
-func SetupGuestIngress(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
-	if err := (&guestingress.Reconciler{
-		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
-		ClusterCache:     clusterCache,
-		WatchFilterValue: o.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, concurrency(o.GuestIngressConcurrency)); err != nil {
-		return fmt.Errorf("setting up GuestIngress controller: %w", err)
-	}
-	return nil
-}
-
-// SetupGuestIngressPolicy registers the controller that reports what each GuestIngressPolicy
-// admits, in its status. It needs a manager that sees every namespace (WatchNamespace empty).
-func SetupGuestIngressPolicy(ctx context.Context, mgr ctrl.Manager, _ clustercache.ClusterCache, o Options) error {
-	if err := (&guestingresspolicy.Reconciler{
-		Client:           mgr.GetClient(),
-		WatchFilterValue: o.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, concurrency(1)); err != nil {
-		return fmt.Errorf("setting up GuestIngressPolicy controller: %w", err)
-	}
-	return nil
-}
-
-// SetupGuestWebhookBridge registers the GuestWebhookBridge controller on mgr.
-func SetupGuestWebhookBridge(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o Options) error {
-	if err := (&guestwebhookbridge.Reconciler{
-		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
-		ClusterCache:     clusterCache,
-		WatchFilterValue: o.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, concurrency(o.GuestWebhookBridgeConcurrency)); err != nil {
-		return fmt.Errorf("setting up GuestWebhookBridge controller: %w", err)
-	}
-	return nil
-}
-
-func concurrency(n int) controller.Options {
+// Concurrency returns the options of a controller that reconciles n objects at once.
+func Concurrency(n int) controller.Options {
 	return controller.Options{MaxConcurrentReconciles: n}
 }

@@ -57,7 +57,7 @@ type Kind struct {
 	New func(ns, name, cluster string) Object
 	// ChangeSpec changes obj's spec, so that its generation moves on once it is written.
 	ChangeSpec func(obj Object)
-	// Setup registers the controller under test, e.g. manager.SetupGuestIngress.
+	// Setup registers the controller under test, as main.go does.
 	Setup lab.SetupFunc
 }
 
