@@ -317,6 +317,9 @@ type GuestIngress struct {
 	Status GuestIngressStatus `json:"status,omitempty"`
 }
 
+// GetClusterName returns the name of the Cluster the GuestIngress belongs to.
+func (g *GuestIngress) GetClusterName() string { return g.Spec.ClusterName }
+
 // GetConditions returns the conditions (CAPI util/conditions Getter).
 func (g *GuestIngress) GetConditions() []metav1.Condition { return g.Status.Conditions }
 

@@ -363,6 +363,9 @@ type GuestWebhookBridge struct {
 	Status GuestWebhookBridgeStatus `json:"status,omitempty"`
 }
 
+// GetClusterName returns the name of the Cluster the GuestWebhookBridge belongs to.
+func (g *GuestWebhookBridge) GetClusterName() string { return g.Spec.ClusterName }
+
 // GetConditions returns the conditions (CAPI util/conditions Getter).
 func (g *GuestWebhookBridge) GetConditions() []metav1.Condition { return g.Status.Conditions }
 

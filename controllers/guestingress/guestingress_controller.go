@@ -8,19 +8,15 @@ package guestingress
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -29,6 +25,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
@@ -199,29 +196,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // Reconcile brings one GuestIngress towards its spec and reports what it found in status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	guestIngress := &guestnetv1.GuestIngress{}
-	if err := r.Client.Get(ctx, req.NamespacedName, guestIngress); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.ownWrites.Forget(req.NamespacedName)
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, err
-	}
-	if r.ownWrites.Stale(guestIngress) {
-		// The event of the last write brings the object back once the cache has it.
-		return ctrl.Result{}, nil
-	}
-
-	if r.WatchFilterValue != "" && guestIngress.Labels[clusterv1.WatchLabel] != r.WatchFilterValue {
-		// Another instance's object (requests also come from host objects and other
-		// GuestIngresses, which the watch filter does not see).
-		return ctrl.Result{}, nil
-	}
-
-	log := ctrl.LoggerFrom(ctx).WithValues("Cluster", klog.KRef(guestIngress.Namespace, guestIngress.Spec.ClusterName))
-	ctx = ctrl.LoggerInto(ctx, log)
-
-	cluster, err := clusterscope.GetCluster(ctx, r.Client, guestIngress.Namespace, guestIngress.Spec.ClusterName)
-	if err != nil {
+	ctx, cluster, ok, err := r.reader().Get(ctx, req, guestIngress)
+	if !ok || err != nil {
 		return ctrl.Result{}, err
 	}
 	s := &scope{guestIngress: guestIngress, cluster: cluster}
@@ -234,8 +210,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 	}()
 
-	if s.paused = clusterscope.SetPausedCondition(guestIngress, cluster); s.paused {
-		log.V(4).Info("Reconciliation is paused")
+	if s.paused = prologue.Paused(ctx, guestIngress, cluster); s.paused {
 		return ctrl.Result{}, nil
 	}
 
@@ -243,32 +218,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return r.reconcileDelete(ctx, s)
 	}
 
-	if !controllerutil.ContainsFinalizer(guestIngress, guestnetv1.GuestIngressFinalizer) {
-		if err := r.storeFinalizer(ctx, before, guestIngress); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := r.reader().StoreFinalizer(ctx, before, guestIngress, guestnetv1.GuestIngressFinalizer); err != nil {
+		return ctrl.Result{}, err
 	}
 
 	return r.reconcileNormal(ctx, s)
 }
 
-// storeFinalizer writes the finalizer before anything is created, so a deletion always finds
-// it: alone, at once, on the object as read (before, which then has it too). The reconcile
-// goes on, and its status is written once, at its end: the finalizer costs no reconcile and
-// no status write of its own.
-func (r *Reconciler) storeFinalizer(ctx context.Context, before, gi *guestnetv1.GuestIngress) error {
-	withFinalizer := before.DeepCopy()
-	controllerutil.AddFinalizer(withFinalizer, guestnetv1.GuestIngressFinalizer)
-	written := withFinalizer.DeepCopy()
-	if err := r.Client.Patch(ctx, written, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("adding finalizer: %w", err)
-	}
-	r.ownWrites.Replaced(client.ObjectKeyFromObject(before), before.ResourceVersion)
-	// (written has what the apiserver answered: all managed fields, which the cache drops.)
-	withFinalizer.ResourceVersion = written.ResourceVersion
-	withFinalizer.DeepCopyInto(before)
-	gi.Finalizers, gi.ResourceVersion = withFinalizer.Finalizers, withFinalizer.ResourceVersion
-	return nil
+// reader reads what a reconcile starts from (internal/prologue).
+func (r *Reconciler) reader() prologue.Reader {
+	return prologue.Reader{Client: r.Client, WatchFilterValue: r.WatchFilterValue, OwnWrites: &r.ownWrites}
 }
 
 // patch writes what the reconcile changed on the GuestIngress since before, in one status

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
@@ -133,7 +134,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 		return ctrl.Result{}, err
 	}
-	if r.WatchFilterValue != "" && p.Labels[clusterv1.WatchLabel] != r.WatchFilterValue {
+	if !prologue.InWatchFilter(p, r.WatchFilterValue) {
 		return ctrl.Result{}, nil
 	}
 	if !p.DeletionTimestamp.IsZero() {

@@ -14,11 +14,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,6 +31,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 )
@@ -220,18 +219,9 @@ func (r *Reconciler) endpointSliceToBridge(ctx context.Context, o client.Object)
 // Reconcile brings one GuestWebhookBridge towards its spec and reports what it found in status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	bridge := &guestnetv1.GuestWebhookBridge{}
-	if err := r.Client.Get(ctx, req.NamespacedName, bridge); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, err
-	}
-
-	log := ctrl.LoggerFrom(ctx).WithValues("Cluster", klog.KRef(bridge.Namespace, bridge.Spec.ClusterName))
-	ctx = ctrl.LoggerInto(ctx, log)
-
-	cluster, err := clusterscope.GetCluster(ctx, r.Client, bridge.Namespace, bridge.Spec.ClusterName)
-	if err != nil {
+	reader := prologue.Reader{Client: r.Client, WatchFilterValue: r.WatchFilterValue}
+	ctx, cluster, ok, err := reader.Get(ctx, req, bridge)
+	if !ok || err != nil {
 		return ctrl.Result{}, err
 	}
 	s := &scope{bridge: bridge, cluster: cluster, original: bridge.DeepCopy()}
@@ -248,8 +238,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 	}()
 
-	if s.paused = clusterscope.SetPausedCondition(bridge, cluster); s.paused {
-		log.V(4).Info("Reconciliation is paused")
+	if s.paused = prologue.Paused(ctx, bridge, cluster); s.paused {
 		return ctrl.Result{}, nil
 	}
 
@@ -257,10 +246,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return r.reconcileDelete(ctx, s)
 	}
 
-	// Store the finalizer before anything is created, so a deletion always finds it. The
-	// deferred patch writes it; its update event brings the object straight back.
-	if controllerutil.AddFinalizer(bridge, guestnetv1.GuestWebhookBridgeFinalizer) {
-		return ctrl.Result{}, nil
+	if !controllerutil.ContainsFinalizer(bridge, guestnetv1.GuestWebhookBridgeFinalizer) {
+		if err := reader.StoreFinalizer(ctx, s.original, bridge, guestnetv1.GuestWebhookBridgeFinalizer); err != nil {
+			return ctrl.Result{}, err
+		}
+		// The deferred patch compares with the bridge as stored now.
+		if s.patchHelper, err = patch.NewHelper(s.original, r.Client); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 
 	return r.reconcileNormal(ctx, s)

@@ -44,6 +44,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
@@ -131,6 +132,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	cluster, err := clusterscope.GetCluster(ctx, r.Client, req.Namespace, req.Name)
 	if err != nil || cluster == nil {
 		return ctrl.Result{}, err
+	}
+	if !prologue.InWatchFilter(cluster, r.WatchFilterValue) {
+		// Another instance's Cluster (requests also come from MachineDeployments, templates
+		// and guestnet objects).
+		return ctrl.Result{}, nil
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("Cluster", klog.KObj(cluster)))
 	if clusterscope.IsPaused(cluster, cluster) || !cluster.DeletionTimestamp.IsZero() {

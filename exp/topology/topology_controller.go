@@ -44,6 +44,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 )
 
 // controllerName names the controller and its events.
@@ -112,7 +113,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// No Cluster: the garbage collector deletes what this controller made for it.
 		return ctrl.Result{}, err
 	}
-	if r.WatchFilterValue != "" && cluster.Labels[clusterv1.WatchLabel] != r.WatchFilterValue {
+	if !prologue.InWatchFilter(cluster, r.WatchFilterValue) {
 		// Another instance's Cluster (requests also come from guestnet objects).
 		return ctrl.Result{}, nil
 	}
