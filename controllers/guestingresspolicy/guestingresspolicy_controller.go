@@ -30,9 +30,9 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 )
 
 // controllerName names the controller and its events.
