@@ -459,11 +459,11 @@ func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live, 
 	if desired == nil {
 		return r.deleteOwned(ctx, s, empty, name, "", false, corev1.EventTypeNormal, eventDeleted, "the spec no longer needs it")
 	}
-	if live != nil && ingress.ObjectUpToDate(desired, live) {
+	if live != nil && ssa.ObjectUpToDate(desired, live) {
 		return nil
 	}
 	applied := desired.DeepCopy()
-	err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(hostnames.FieldManager), client.ForceOwnership)
+	err := ssa.ApplyObject(ctx, r.Client, applied, hostnames.FieldManager)
 	if apierrors.IsInvalid(err) {
 		s.result.HostRejected = fmt.Sprintf("The host apiserver refused %s %s: %s", desired.GetKind(), desired.GetName(), ssa.APIErrorMessage(err))
 		return nil

@@ -89,7 +89,7 @@ func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[
 	if live != nil {
 		desired.SetUID(live.GetUID())
 	}
-	err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(desired), client.FieldOwner(FieldManager), client.ForceOwnership)
+	err := ssa.ApplyObject(ctx, r.Client, desired, FieldManager)
 	if refused(err) {
 		outcome := fmt.Sprintf("no %s is created until it is fixed", kind)
 		if live != nil {

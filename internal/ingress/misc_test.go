@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
 
 func endpoint(uid string, ready *bool) discoveryv1.Endpoint {
@@ -167,6 +168,7 @@ func TestSelectorMatchesService(t *testing.T) {
 	}
 }
 
+// The Cilium pool as guestnet applies it, judged by internal/ssa.
 func TestObjectUpToDate(t *testing.T) {
 	desired := Pool(newGI())
 	live := func(fields string, mutate func(*unstructured.Unstructured)) *unstructured.Unstructured {
@@ -216,7 +218,7 @@ func TestObjectUpToDate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			g.Expect(ObjectUpToDate(desired, tt.live)).To(Equal(tt.want))
+			g.Expect(ssa.ObjectUpToDate(desired, tt.live)).To(Equal(tt.want))
 		})
 	}
 }

@@ -17,7 +17,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
 
 // KubevirtMachineTemplateGVK is CAPK's worker template. CAPK's Go module cannot be imported
@@ -288,7 +288,7 @@ func containedIn(want, got any) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return ingress.Subset(w, g), nil
+	return ssa.Subset(w, g), nil
 }
 
 // PodInterfacePorts renders the ports list of tmpl's pod network interface as JSON (which

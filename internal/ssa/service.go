@@ -1,6 +1,6 @@
-// Package ssa is how guestnet writes the Services it keeps, in the host and in the guest:
-// server-side apply as field manager "guestnet", and only when the apply would change
-// something. Applying an unchanged configuration changes nothing in the object, but it is
+// Package ssa is how guestnet writes the objects it keeps, in the host and in the guest, typed
+// (Services) and unstructured (Cilium's pools and L2 policies, the topology controller's
+// objects): server-side apply, and only when the apply would change something. Applying an unchanged configuration changes nothing in the object, but it is
 // still a write request, on every reconcile; so the configuration is first compared with
 // what guestnet's field manager owns in the live object (the caches keep guestnet's own
 // managedFields entry for this, see internal/manager).
@@ -37,7 +37,7 @@ func ServiceUpToDate(desired *corev1ac.ServiceApplyConfiguration, live *corev1.S
 // and returns the Service the apiserver answered with.
 func ApplyService(ctx context.Context, c client.Client, desired *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
 	ac := *desired // the client writes the response into the configuration
-	if err := c.Apply(ctx, &ac, client.FieldOwner(hostnames.FieldManager), client.ForceOwnership); err != nil {
+	if err := c.Apply(ctx, &ac, applyOptions(hostnames.FieldManager)...); err != nil {
 		return nil, err
 	}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&ac)

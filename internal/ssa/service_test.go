@@ -102,8 +102,8 @@ func desired() *corev1ac.ServiceApplyConfiguration {
 				WithPort(443).WithTargetPort(intstr.FromString("https")).WithNodePort(32700)))
 }
 
-// ownedFields is what the apiserver records for guestnet after applying desired().
-const ownedFields = `{
+// serviceOwnedFields is what the apiserver records for guestnet after applying desired().
+const serviceOwnedFields = `{
   "f:metadata": {"f:labels": {"f:app.kubernetes.io/managed-by": {}}},
   "f:spec": {
     "f:ports": {"k:{\"port\":443,\"protocol\":\"TCP\"}": {".": {}, "f:name": {}, "f:nodePort": {}, "f:port": {}, "f:protocol": {}, "f:targetPort": {}}},
@@ -122,7 +122,7 @@ func live(manager string) *corev1.Service {
 			Annotations: map[string]string{"note": "someone else's"},
 			ManagedFields: []metav1.ManagedFieldsEntry{
 				{Manager: manager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1", FieldsType: "FieldsV1",
-					FieldsV1: metav1.NewFieldsV1(ownedFields)},
+					FieldsV1: metav1.NewFieldsV1(serviceOwnedFields)},
 				{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1",
 					FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:team":{}},"f:annotations":{"f:note":{}}}}`)},
 			},

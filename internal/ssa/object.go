@@ -1,21 +1,22 @@
-package ingress
+package ssa
 
 import (
 	"bytes"
+	"context"
 	"reflect"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
 
-// Deciding whether an apply to a Cilium object would change anything; Services are
-// compared by internal/ssa.
+// Deciding whether an apply to an unstructured object (Cilium's kinds, whose schema guestnet
+// does not compile in) would change anything, and applying it.
 
-// ObjectUpToDate is ssa.ServiceUpToDate for unstructured objects (Cilium's kinds, whose schema
-// guestnet does not compile in): every value of desired is in live, and guestnet's field
+// ObjectUpToDate is ServiceUpToDate for unstructured objects: every value of desired is in live, and guestnet's field
 // manager owns nothing desired lacks (else an apply would remove it, e.g. a label the user
 // removed from spec.loadBalancer.labels).
 func ObjectUpToDate(desired, live *unstructured.Unstructured) bool {
@@ -100,4 +101,15 @@ func Subset(want, have any) bool {
 	default:
 		return reflect.DeepEqual(want, have)
 	}
+}
+
+// ApplyObject server-side applies desired as fieldManager, forcing only the fields it lists;
+// desired receives the object the apiserver answered with.
+func ApplyObject(ctx context.Context, c client.Client, desired *unstructured.Unstructured, fieldManager string) error {
+	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(desired), applyOptions(fieldManager)...)
+}
+
+// applyOptions are the options of every apply guestnet makes.
+func applyOptions(fieldManager string) []client.ApplyOption {
+	return []client.ApplyOption{client.FieldOwner(fieldManager), client.ForceOwnership}
 }
