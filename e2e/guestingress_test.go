@@ -38,8 +38,8 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 const giTimeout = 30 * time.Second
@@ -107,7 +107,7 @@ func TestGuestIngress_RequestsThroughTheLoadBalancerIPReachEveryWorker(t *testin
 	g.Expect(after.Spec.Ports).To(Equal(guestSvc.Spec.Ports))
 	g.Expect(after.Spec.Selector).To(Equal(guestSvc.Spec.Selector))
 	for _, m := range after.ManagedFields {
-		g.Expect(m.Manager).NotTo(Equal(hostnames.FieldManager))
+		g.Expect(m.Manager).NotTo(Equal(ownership.FieldManager))
 	}
 }
 

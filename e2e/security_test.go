@@ -47,6 +47,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	admission "github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
@@ -60,12 +61,12 @@ func TestSecurity_TenantAttacksGetNothingOnTheHost(t *testing.T) {
 	policy := e.createPolicy("attacks", func(p *guestnetv1.GuestIngressPolicy) {
 		p.Spec.SharedPools = []string{"unsafe-" + e.ns}
 	})
-	e.createPool("unsafe-"+e.ns, map[string]any{"matchLabels": map[string]any{hostnames.ClusterNameLabel: e.gc.Name}}, "10.98.81.0/28")
+	e.createPool("unsafe-"+e.ns, map[string]any{"matchLabels": map[string]any{ownership.ClusterNameLabel: e.gc.Name}}, "10.98.81.0/28")
 	e.createPool("infra-"+e.ns, map[string]any{"matchLabels": map[string]any{"example.com/pool": "infra-" + e.ns}}, "10.98.82.0/28")
 	// Another tenant's pool, selected by the cluster-name label: guestnet puts that label on
 	// every host Service, with the value the tenant chose for its Cluster.
 	victim := "victim-" + e.ns
-	e.createPool(victim, map[string]any{"matchLabels": map[string]any{hostnames.ClusterNameLabel: victim}}, "10.98.83.0/28")
+	e.createPool(victim, map[string]any{"matchLabels": map[string]any{ownership.ClusterNameLabel: victim}}, "10.98.83.0/28")
 	victimCluster := createIngressCluster(t, e.l, e.ns, victim, e.nodePort(0), e.nodePort(1))
 	labelForFilter(t, e.l, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: victimCluster.Name}}, e.filter)
 
@@ -235,7 +236,7 @@ func TestSecurity_SharedPoolMustSelectByNamespace(t *testing.T) {
 	e := newSecurityEnv(t, "10.98.86")
 	pool := "shared-" + e.ns
 	policy := e.createPolicy("shared", func(p *guestnetv1.GuestIngressPolicy) { p.Spec.SharedPools = []string{pool} })
-	e.createPool(pool, map[string]any{"matchLabels": map[string]any{hostnames.ClusterNameLabel: e.gc.Name}}, "10.98.87.0/28")
+	e.createPool(pool, map[string]any{"matchLabels": map[string]any{ownership.ClusterNameLabel: e.gc.Name}}, "10.98.87.0/28")
 	e.g.Eventually(func(g Gomega) {
 		got := &guestnetv1.GuestIngressPolicy{}
 		g.Expect(e.host.Get(e.ctx, client.ObjectKeyFromObject(policy), got)).To(Succeed())
@@ -356,7 +357,7 @@ func TestSecurity_BridgeHostServicesReachOnlyTheirOwnWorkers(t *testing.T) {
 	list := &corev1.ServiceList{}
 	g.Expect(e.host.List(ctx, list, client.InNamespace(other))).To(Succeed())
 	for _, s := range list.Items {
-		g.Expect(s.Labels).NotTo(HaveKey(hostnames.BridgeNameLabel))
+		g.Expect(s.Labels).NotTo(HaveKey(ownership.BridgeNameLabel))
 	}
 }
 
@@ -572,7 +573,7 @@ func (e *securityEnv) expectNothingOnTheHost(t *testing.T, gi *guestnetv1.GuestI
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%s of %s: %v", obj.GetKind(), gi.Name, err)
 	}
 	services := &corev1.ServiceList{}
-	g.Expect(e.host.List(e.ctx, services, client.InNamespace(gi.Namespace), client.MatchingLabels(hostnames.SelectGuestIngress(got)))).To(Succeed())
+	g.Expect(e.host.List(e.ctx, services, client.InNamespace(gi.Namespace), client.MatchingLabels(ownership.SelectGuestIngress(got)))).To(Succeed())
 	g.Expect(services.Items).To(BeEmpty())
 }
 

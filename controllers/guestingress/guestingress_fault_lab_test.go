@@ -33,9 +33,9 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/test/faultclient"
 )
 
@@ -98,7 +98,7 @@ func TestGuestIngressFault_ACrashAtAnyWriteConverges(t *testing.T) {
 			e.eventuallyGone(gi)
 			e.g.Expect(e.getGuestService().Spec).To(Equal(original.Spec))
 			e.g.Expect(e.getGuestService().Annotations).To(Equal(original.Annotations))
-			e.g.Expect(managers(e.getGuestService())).NotTo(ContainElement(hostnames.FieldManager))
+			e.g.Expect(managers(e.getGuestService())).NotTo(ContainElement(ownership.FieldManager))
 			e.expectNoHostObjects()
 		})
 	}
@@ -187,7 +187,7 @@ func writesOf(b *faultclient.Budget) []string { return b.Recorded() }
 func (e *phaseEnv) snapshot(gi *guestnetv1.GuestIngress) string {
 	e.t.Helper()
 	svcs := &corev1.ServiceList{}
-	e.g.Expect(e.host.List(e.ctx, svcs, client.InNamespace(e.ns), client.MatchingLabels(hostnames.SelectGuestIngress(gi)))).To(Succeed())
+	e.g.Expect(e.host.List(e.ctx, svcs, client.InNamespace(e.ns), client.MatchingLabels(ownership.SelectGuestIngress(gi)))).To(Succeed())
 	pools, policies := e.listCilium(ingress.PoolGVK.Kind, gi), e.listCilium(ingress.L2PolicyGVK.Kind, gi)
 	got := e.getGuestIngress(gi)
 	guest := e.getGuestService()
@@ -243,7 +243,7 @@ func (e *phaseEnv) listCilium(kind string, gi *guestnetv1.GuestIngress) []any {
 		gvk = ingress.L2PolicyGVK
 	}
 	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(kind + "List"))
-	e.g.Expect(e.host.List(e.ctx, list, client.MatchingLabels(hostnames.SelectGuestIngress(gi)))).To(Succeed())
+	e.g.Expect(e.host.List(e.ctx, list, client.MatchingLabels(ownership.SelectGuestIngress(gi)))).To(Succeed())
 	var out []any
 	for _, u := range list.Items {
 		out = append(out, map[string]any{"name": u.GetName(), "labels": u.GetLabels(), "annotations": u.GetAnnotations(), "spec": u.Object["spec"]})
@@ -256,7 +256,7 @@ func (e *phaseEnv) expectNoHostObjects() {
 	e.t.Helper()
 	gi := &guestnetv1.GuestIngress{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "web"}}
 	svcs := &corev1.ServiceList{}
-	e.g.Expect(e.host.List(e.ctx, svcs, client.InNamespace(e.ns), client.MatchingLabels(hostnames.SelectGuestIngress(gi)))).To(Succeed())
+	e.g.Expect(e.host.List(e.ctx, svcs, client.InNamespace(e.ns), client.MatchingLabels(ownership.SelectGuestIngress(gi)))).To(Succeed())
 	e.g.Expect(svcs.Items).To(BeEmpty())
 	e.g.Expect(e.listCilium(ingress.PoolGVK.Kind, gi)).To(BeEmpty())
 	e.g.Expect(e.listCilium(ingress.L2PolicyGVK.Kind, gi)).To(BeEmpty())

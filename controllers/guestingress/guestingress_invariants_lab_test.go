@@ -40,9 +40,9 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
 
@@ -347,7 +347,7 @@ func TestGuestIngressInvariants_DeletionHandsTheGuestServiceBackExactly(t *testi
 			e.g.Expect(after.Spec).To(Equal(before.Spec))
 			e.g.Expect(after.Labels).To(Equal(before.Labels))
 			e.g.Expect(after.Annotations).To(Equal(before.Annotations))
-			e.g.Expect(managers(after)).NotTo(ContainElement(hostnames.FieldManager))
+			e.g.Expect(managers(after)).NotTo(ContainElement(ownership.FieldManager))
 		})
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
@@ -140,11 +141,11 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	}
 	w.policies = policies.Items
 	services := &corev1.ServiceList{}
-	if err := r.Client.List(ctx, services, client.MatchingLabels{hostnames.ManagedByLabel: hostnames.ManagedByValue}); err != nil {
+	if err := r.Client.List(ctx, services, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
 		return nil, fmt.Errorf("listing host Services: %w", err)
 	}
 	for i := range services.Items {
-		if key, ok := hostnames.GuestIngressOf(&services.Items[i]); ok {
+		if key, ok := ownership.GuestIngressOf(&services.Items[i]); ok {
 			w.hostServices[key] = &services.Items[i]
 		}
 	}
@@ -228,11 +229,11 @@ func (r *Reconciler) eligible(ctx context.Context, w *hostWorld, gi *guestnetv1.
 // the tenant's namespace: what it requests counts only as far as gi's spec asks for it).
 func (w *hostWorld) held(gi *guestnetv1.GuestIngress) ingress.Claim {
 	var held ingress.Claim
-	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil && hostnames.IsOwnedBy(pool, gi) {
+	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil && ownership.IsOwnedBy(pool, gi) {
 		held.Prefixes = ingress.PoolBlocks(pool)
 	}
 	svc := w.hostServices[client.ObjectKeyFromObject(gi)]
-	if svc == nil || !hostnames.IsOwnedBy(svc, gi) {
+	if svc == nil || !ownership.IsOwnedBy(svc, gi) {
 		return held
 	}
 	wants := ingress.ClaimOf(gi)
@@ -255,7 +256,7 @@ func (w *hostWorld) foreignPools() []*unstructured.Unstructured {
 	var out []*unstructured.Unstructured
 	for i := range w.pools {
 		pool := &w.pools[i]
-		if key, ok := hostnames.GuestIngressOf(pool); ok && known[key] {
+		if key, ok := ownership.GuestIngressOf(pool); ok && known[key] {
 			continue
 		}
 		out = append(out, pool)
@@ -277,7 +278,7 @@ func (r *Reconciler) observeHostObjects(ctx context.Context, w *hostWorld, o *in
 		o.HostService = svc.(*corev1.Service)
 	}
 	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil {
-		if hostnames.IsOwnedBy(pool, gi) {
+		if ownership.IsOwnedBy(pool, gi) {
 			o.Pool = pool
 		} else if ingress.OwnsPool(gi) && o.Foreign == "" {
 			o.Foreign = "CiliumLoadBalancerIPPool " + pool.GetName()
@@ -313,7 +314,7 @@ func (r *Reconciler) getHostObject(ctx context.Context, gi *guestnetv1.GuestIngr
 	if err != nil {
 		return nil, "", fmt.Errorf("getting %s %s: %w", kindOf(obj), key, err)
 	}
-	if !hostnames.IsOwnedBy(obj, gi) {
+	if !ownership.IsOwnedBy(obj, gi) {
 		return nil, kindOf(obj) + " " + key.String(), nil
 	}
 	return obj, "", nil
@@ -408,7 +409,7 @@ func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
 	}
 	clusterscope.RecordWrite(ctx, r.recorder, gi, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
 		Object: applied, Repair: repairKind(gi, metrics.RepairGuestService),
-		Note: fmt.Sprintf("Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, hostnames.FieldManager)})
+		Note: fmt.Sprintf("Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, ownership.FieldManager)})
 	res.GuestService = applied
 	return nil
 }
@@ -463,7 +464,7 @@ func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live, 
 		return nil
 	}
 	applied := desired.DeepCopy()
-	err := ssa.ApplyObject(ctx, r.Client, applied, hostnames.FieldManager)
+	err := ssa.ApplyObject(ctx, r.Client, applied, ownership.FieldManager)
 	if apierrors.IsInvalid(err) {
 		s.result.HostRejected = fmt.Sprintf("The host apiserver refused %s %s: %s", desired.GetKind(), desired.GetName(), ssa.APIErrorMessage(err))
 		return nil
@@ -498,7 +499,7 @@ func (r *Reconciler) readEndpoints(ctx context.Context, s *scope) error {
 	slices := &discoveryv1.EndpointSliceList{}
 	if err := r.Client.List(ctx, slices, client.InNamespace(svc.Namespace), client.MatchingLabels{
 		discoveryv1.LabelServiceName: svc.Name,
-		hostnames.ManagedByLabel:     hostnames.ManagedByValue,
+		ownership.ManagedByLabel:     ownership.ManagedByValue,
 	}); err != nil {
 		return err
 	}
@@ -654,7 +655,7 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	if err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if !hostnames.IsOwnedBy(obj, s.guestIngress) || !obj.GetDeletionTimestamp().IsZero() {
+	if !ownership.IsOwnedBy(obj, s.guestIngress) || !obj.GetDeletionTimestamp().IsZero() {
 		return nil
 	}
 	uid := obj.GetUID()

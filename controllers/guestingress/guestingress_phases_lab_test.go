@@ -43,9 +43,9 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/internal/controllertest"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -97,7 +97,7 @@ func TestGuestIngressPhases_ExposesTheGuestServiceOnTheHost(t *testing.T) {
 		"meta.helm.sh/release-name":                 "contour",
 		"guestnet.addons.cluster.x-k8s.io/original": `{"type":"ClusterIP","nodePorts":[{"port":80,"protocol":"TCP"},{"port":443,"protocol":"TCP"}]}`,
 	}))
-	e.g.Expect(ownedFields(svc, hostnames.FieldManager)).To(ConsistOf(
+	e.g.Expect(ownedFields(svc, ownership.FieldManager)).To(ConsistOf(
 		"f:metadata.f:annotations.f:guestnet.addons.cluster.x-k8s.io/original",
 		"f:spec.f:type",
 		`f:spec.f:ports.k:{"port":443,"protocol":"TCP"}.f:nodePort`,
@@ -235,7 +235,7 @@ func TestGuestIngressPhases_FollowsTheGuestsNodePorts(t *testing.T) {
 	e.g.Expect(got.Status.Ports).To(Equal([]guestnetv1.IngressPortStatus{
 		{Name: "http", Port: 80, NodePort: e.nodePort(5)}, {Name: "https", Port: 443, NodePort: e.nodePort(6)},
 	}))
-	e.g.Expect(ownedFields(e.getGuestService(), hostnames.FieldManager)).To(ConsistOf("f:spec.f:type"),
+	e.g.Expect(ownedFields(e.getGuestService(), ownership.FieldManager)).To(ConsistOf("f:spec.f:type"),
 		"with nothing fixed, guestnet only keeps the type NodePort (shared with the user's manager)")
 
 	// Someone reinstalls the ingress controller with another nodePort.
@@ -451,7 +451,7 @@ func TestGuestIngressPhases_DeletionGivesTheGuestServiceBack(t *testing.T) {
 	e.g.Expect(after.Labels).To(Equal(before.Labels))
 	e.g.Expect(after.Annotations).To(Equal(before.Annotations))
 	e.g.Expect(after.Spec.ClusterIP).To(Equal(before.Spec.ClusterIP))
-	e.g.Expect(managers(after)).NotTo(ContainElement(hostnames.FieldManager))
+	e.g.Expect(managers(after)).NotTo(ContainElement(ownership.FieldManager))
 
 	_, err := e.tryGetHostService("tenant-a-web")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue())

@@ -19,8 +19,8 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // Map functions that turn events of other objects into requests for the GuestIngresses they
@@ -74,7 +74,7 @@ func (r *Reconciler) endpointSliceToGuestIngress(ctx context.Context, o client.O
 // manager serves it (pools and policies are cluster-scoped: they name GuestIngresses of
 // every namespace, and a manager may watch one only).
 func (r *Reconciler) hostObjectToGuestIngress(ctx context.Context, o client.Object) []reconcile.Request {
-	key, ok := hostnames.GuestIngressOf(o)
+	key, ok := ownership.GuestIngressOf(o)
 	if !ok || r.Client.Get(ctx, key, &guestnetv1.GuestIngress{}) != nil {
 		return nil
 	}
@@ -121,7 +121,7 @@ func (r *Reconciler) collidingGuestIngresses(ctx context.Context, o client.Objec
 // with poolRef, the Service is what holds the IP.
 func (r *Reconciler) hostServiceToCollidingGuestIngresses(ctx context.Context, o client.Object) []reconcile.Request {
 	svc, ok := o.(*corev1.Service)
-	key, owned := hostnames.GuestIngressOf(o)
+	key, owned := ownership.GuestIngressOf(o)
 	if !ok || !owned {
 		return nil
 	}

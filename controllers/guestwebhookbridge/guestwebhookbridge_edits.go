@@ -16,8 +16,8 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // writeGuestObjects makes the plan's changes to the guest's APIServices and webhook
@@ -27,7 +27,7 @@ import (
 // patch fails with a conflict and the next reconcile starts from the new state. An object
 // that cannot be written does not stop the others; the errors are returned together.
 func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *bridge.Plan, obs bridge.Observed, guest client.Client) error {
-	me := hostnames.BridgeID(s.bridge)
+	me := ownership.BridgeID(s.bridge)
 	objects, byObject := plan.Changes()
 	var errs []error
 	for _, key := range objects {
@@ -51,7 +51,7 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 			continue
 		}
 		if err := guest.Patch(ctx, observed.DeepCopyObject().(client.Object), client.RawPatch(types.JSONPatchType, data),
-			client.FieldOwner(hostnames.FieldManager)); err != nil {
+			client.FieldOwner(ownership.FieldManager)); err != nil {
 			errs = append(errs, fmt.Errorf("patching %s in the guest: %w", key, err))
 			continue
 		}

@@ -34,8 +34,8 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
@@ -194,7 +194,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, erro
 		return nil, err
 	}
 	s.observed = obs
-	me := hostnames.BridgeID(s.bridge)
+	me := ownership.BridgeID(s.bridge)
 	host := bridge.ReadHostRecords(me, s.bridge.Status.Records)
 	targets, err := bridge.Select(&s.bridge.Spec, obs, host)
 	if err != nil {
@@ -222,7 +222,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, erro
 func (r *Reconciler) planInput(ctx context.Context, s *scope, obs bridge.Observed, services []corev1.Service, host bridge.HostRecords, hostReader client.Reader) (bridge.Input, error) {
 	in := bridge.Input{Bridge: s.bridge, All: bridge.AllTargets(obs), Host: host, GuestServices: services,
 		Claimants: map[string]bool{}, HostServices: map[string]bool{}}
-	me := hostnames.BridgeID(s.bridge)
+	me := ownership.BridgeID(s.bridge)
 	var others []string
 	for _, t := range in.All {
 		if t.Record != nil && t.Record.Bridge != me {
@@ -230,8 +230,8 @@ func (r *Reconciler) planInput(ctx context.Context, s *scope, obs bridge.Observe
 		}
 	}
 	for i := range services {
-		if id, ok := services[i].Annotations[hostnames.BridgeAnnotation]; ok && id != me &&
-			services[i].Labels[hostnames.ManagedByLabel] == hostnames.ManagedByValue {
+		if id, ok := services[i].Annotations[ownership.BridgeAnnotation]; ok && id != me &&
+			services[i].Labels[ownership.ManagedByLabel] == ownership.ManagedByValue {
 			others = append(others, id)
 		}
 	}
@@ -355,7 +355,7 @@ func (r *Reconciler) reconcileHostServices(ctx context.Context, s *scope, plan *
 		if err != nil {
 			return err
 		}
-		if live != nil && !hostnames.IsBridgeObject(live, gwb) {
+		if live != nil && !ownership.IsBridgeObject(live, gwb) {
 			plan.Block(b, guestnetv1.HostObjectConflictReason, fmt.Sprintf(
 				"host Service %s exists and is not this bridge's; guestnet leaves it alone: rename or delete it", key))
 			continue
@@ -396,10 +396,10 @@ func (r *Reconciler) getHostService(ctx context.Context, key client.ObjectKey) (
 // apiserver when deleting: a Service created just before must not be missed).
 func (r *Reconciler) listHostServices(ctx context.Context, s *scope, reader client.Reader) ([]corev1.Service, error) {
 	list := &corev1.ServiceList{}
-	if err := reader.List(ctx, list, client.InNamespace(bridge.HostNamespace(s.bridge)), client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
+	if err := reader.List(ctx, list, client.InNamespace(bridge.HostNamespace(s.bridge)), client.MatchingLabels(ownership.SelectBridge(s.bridge))); err != nil {
 		return nil, fmt.Errorf("listing the bridge's host Services: %w", err)
 	}
-	return slices.DeleteFunc(list.Items, func(svc corev1.Service) bool { return !hostnames.IsBridgeObject(&svc, s.bridge) }), nil
+	return slices.DeleteFunc(list.Items, func(svc corev1.Service) bool { return !ownership.IsBridgeObject(&svc, s.bridge) }), nil
 }
 
 // deleteHostServices deletes the bridge's host Services (listed through reader) whose names
@@ -475,13 +475,13 @@ func (r *Reconciler) reconcileGuestServices(ctx context.Context, s *scope, plan 
 // listed and deleted through guest.
 func (r *Reconciler) deleteGuestServices(ctx context.Context, s *scope, keep map[string]bool, guest client.Client) error {
 	list := &corev1.ServiceList{}
-	if err := guest.List(ctx, list, client.MatchingLabels(hostnames.SelectBridge(s.bridge))); err != nil {
+	if err := guest.List(ctx, list, client.MatchingLabels(ownership.SelectBridge(s.bridge))); err != nil {
 		return fmt.Errorf("listing the bridge's Services in the guest: %w", err)
 	}
 	var errs []error
 	for i := range list.Items {
 		svc := &list.Items[i]
-		if keep[client.ObjectKeyFromObject(svc).String()] || !hostnames.IsBridgeObject(svc, s.bridge) {
+		if keep[client.ObjectKeyFromObject(svc).String()] || !ownership.IsBridgeObject(svc, s.bridge) {
 			continue
 		}
 		if err := guest.Delete(ctx, svc); client.IgnoreNotFound(err) != nil {
@@ -758,7 +758,7 @@ func (r *Reconciler) liveRecords(ctx context.Context, s *scope) (bridge.HostReco
 	if err := s.recordsStored(live.Status.Records, r.Client); err != nil {
 		return bridge.HostRecords{}, err
 	}
-	return bridge.ReadHostRecords(hostnames.BridgeID(s.bridge), live.Status.Records), nil
+	return bridge.ReadHostRecords(ownership.BridgeID(s.bridge), live.Status.Records), nil
 }
 
 func unrestorable(p *bridge.Plan) []string {

@@ -15,8 +15,8 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -61,7 +61,7 @@ func (r *Reconciler) declarePorts(ctx context.Context, s *scope) error {
 func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) error {
 	md, tmpl := w.MachineDeployment, w.Plan.Template
 	if !w.Plan.Exists {
-		err := r.Client.Create(ctx, tmpl, client.FieldOwner(hostnames.FieldManager))
+		err := r.Client.Create(ctx, tmpl, client.FieldOwner(ownership.FieldManager))
 		switch {
 		case apierrors.IsAlreadyExists(err):
 			// The cache had not seen it: decide on what the API server holds.
@@ -91,7 +91,7 @@ func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) er
 	} else {
 		delete(md.Annotations, guestnetv1.TemplateRevisionAnnotation)
 	}
-	if err := r.Client.Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}), client.FieldOwner(hostnames.FieldManager)); err != nil {
+	if err := r.Client.Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}), client.FieldOwner(ownership.FieldManager)); err != nil {
 		return fmt.Errorf("repointing MachineDeployment %s at KubevirtMachineTemplate %s: %w", md.Name, tmpl.GetName(), err)
 	}
 	metrics.WorkerRolloutTriggered()

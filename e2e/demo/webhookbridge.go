@@ -16,6 +16,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 const webhookBridgeYAML = `apiVersion: guestnet.addons.cluster.x-k8s.io/v1alpha1
@@ -59,7 +60,7 @@ func webhookBridgeTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest
 	host("get", "gwb", "-n", clusterNamespace)
 	host("get", "gwb", "guest-1", "-n", clusterNamespace, "-o",
 		`jsonpath={range .status.targets[*]}{.kind} {.name}: guest nodePort {.nodePort}, host Service {.hostService}{"\n"}{end}`)
-	host("get", "services,endpointslices", "-n", clusterNamespace, "-l", hostnames.BridgeNameLabel+"=guest-1", "-o", "wide")
+	host("get", "services,endpointslices", "-n", clusterNamespace, "-l", ownership.BridgeNameLabel+"=guest-1", "-o", "wide")
 	guest("get", "validatingwebhookconfiguration", lab.CertManagerWebhookName, "-o", `jsonpath=url: {.webhooks[0].clientConfig.url}{"\n"}service: {.webhooks[0].clientConfig.service}{"\n"}`)
 	guest("get", "apiservice", lab.MetricsAPIServiceName, "-o", `jsonpath={.spec.service}{"\n"}`)
 	guest("get", "services", "-n", lab.CertManagerNamespace)

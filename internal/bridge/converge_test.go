@@ -19,6 +19,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // guestSim is a guest in memory, reconciled the way the controller does it with this
@@ -71,7 +72,7 @@ func (s *guestSim) input(_ Gomega) Input {
 	host := ReadHostRecords(me, s.gwb.Status.Records)
 	hostServices := map[string]bool{}
 	for _, svc := range s.services {
-		if hostnames.IsBridgeObject(&svc, s.gwb) && svc.Spec.Type == corev1.ServiceTypeNodePort {
+		if ownership.IsBridgeObject(&svc, s.gwb) && svc.Spec.Type == corev1.ServiceTypeNodePort {
 			hostServices[hostnames.BridgeHostService(s.gwb.Spec.ClusterName, svc.Namespace, strings.TrimSuffix(svc.Name, "-guestnet-nodeport"))] = true
 		}
 	}
@@ -167,7 +168,7 @@ func (s *guestSim) deleteBridge(g Gomega) {
 // deleteServices deletes the bridge's Services that del accepts, one write each.
 func (s *guestSim) deleteServices(del func(*corev1.Service) bool) {
 	for i := 0; i < len(s.services); {
-		if svc := &s.services[i]; hostnames.IsBridgeObject(svc, s.gwb) && del(svc) {
+		if svc := &s.services[i]; ownership.IsBridgeObject(svc, s.gwb) && del(svc) {
 			s.write()
 			s.services = slices.Delete(s.services, i, i+1)
 			continue

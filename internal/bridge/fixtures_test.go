@@ -20,7 +20,7 @@ import (
 // report (cert-manager's webhooks, metrics-server's APIService) and their Services.
 
 const (
-	me    = "k0smotron/bridge" // hostnames.BridgeID(newBridge())
+	me    = "k0smotron/bridge" // ownership.BridgeID(newBridge())
 	other = "k0smotron/other-bridge"
 
 	cmNS, cmSvc   = "cert-manager", "cert-manager-webhook"

@@ -18,6 +18,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // Input is what a plan is made from.
@@ -170,7 +171,7 @@ func HostNamespace(gwb *guestnetv1.GuestWebhookBridge) string { return gwb.Names
 // nodePorts) that takes.
 func MakePlan(in Input) *Plan {
 	p := &Plan{host: in.Host}
-	me := hostnames.BridgeID(in.Bridge)
+	me := ownership.BridgeID(in.Bridge)
 	targets, leftOut := limit(in, me)
 	p.LeftOut = leftOut
 	backends := map[string]*Backend{}
@@ -216,7 +217,7 @@ func MakePlan(in Input) *Plan {
 // PlanDeletion plans the restore of every target the bridge rewrote, for its deletion.
 func PlanDeletion(in Input) *Plan {
 	p := &Plan{host: in.Host}
-	p.Restores = planRestores(in, hostnames.BridgeID(in.Bridge), func(Target) bool { return true })
+	p.Restores = planRestores(in, ownership.BridgeID(in.Bridge), func(Target) bool { return true })
 	return p
 }
 
@@ -269,7 +270,7 @@ func limitRecords(p *Plan) {
 // recorded original).
 func decide(in Input, t Target) TargetPlan {
 	tp := TargetPlan{Target: t, observed: t}
-	me := hostnames.BridgeID(in.Bridge)
+	me := ownership.BridgeID(in.Bridge)
 	auto := in.Bridge.Spec.Mode != guestnetv1.BridgeModeAlways
 	if t.IsWebhook() {
 		tp.Warnings = weakenedWarnings(t)
@@ -345,12 +346,12 @@ func decide(in Input, t Target) TargetPlan {
 // a bridge that no longer exists (left behind when that bridge gave up on an unreachable
 // guest), which it adopts.
 func (in Input) ownsService(svc *corev1.Service) bool {
-	if hostnames.IsBridgeObject(svc, in.Bridge) {
+	if ownership.IsBridgeObject(svc, in.Bridge) {
 		return true
 	}
-	owner, ok := svc.GetAnnotations()[hostnames.BridgeAnnotation]
+	owner, ok := svc.GetAnnotations()[ownership.BridgeAnnotation]
 	exists, known := in.Claimants[owner]
-	return ok && svc.GetLabels()[hostnames.ManagedByLabel] == hostnames.ManagedByValue && known && !exists
+	return ok && svc.GetLabels()[ownership.ManagedByLabel] == ownership.ManagedByValue && known && !exists
 }
 
 // pointsAtBridge reports whether t calls one of the bridge's Services: a webhook whose url
@@ -361,7 +362,7 @@ func pointsAtBridge(in Input, t Target) bool {
 			return false
 		}
 		svc := findService(in.GuestServices, t.Service.Namespace, t.Service.Name)
-		return svc != nil && hostnames.IsBridgeObject(svc, in.Bridge)
+		return svc != nil && ownership.IsBridgeObject(svc, in.Bridge)
 	}
 	if t.Service != nil || t.URL == "" {
 		return false
@@ -677,7 +678,7 @@ func finish(in Input, tp *TargetPlan) {
 		tp.APIServiceRef = &apiregistrationv1.ServiceReference{Namespace: b.Service.Namespace, Name: b.ExternalNameService, Port: ptr.To(tp.Port)}
 		tp.TLSServerName = hostnames.ServiceDNSName(b.Service.Namespace, b.ExternalNameService)
 	}
-	me := hostnames.BridgeID(in.Bridge)
+	me := ownership.BridgeID(in.Bridge)
 	desired := &Record{Bridge: me, Original: tp.original, Written: tp.URL}
 	if !tp.IsWebhook() {
 		desired.Written = ServiceRef{Namespace: tp.APIServiceRef.Namespace, Name: tp.APIServiceRef.Name, Port: tp.Port}.String()

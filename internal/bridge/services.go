@@ -8,6 +8,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -54,8 +55,8 @@ func GuestExternalNameService(gwb *guestnetv1.GuestWebhookBridge, b *Backend) *c
 
 func guestService(gwb *guestnetv1.GuestWebhookBridge, b *Backend, name string) *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service(name, b.Service.Namespace).
-		WithLabels(hostnames.BridgeGuestLabels(gwb)).
-		WithAnnotations(map[string]string{hostnames.BridgeAnnotation: hostnames.BridgeID(gwb)})
+		WithLabels(ownership.BridgeGuestLabels(gwb)).
+		WithAnnotations(map[string]string{ownership.BridgeAnnotation: ownership.BridgeID(gwb)})
 }
 
 // HostService is the host ClusterIP Service for the backend, in the Cluster's namespace,
@@ -69,8 +70,8 @@ func HostService(gwb *guestnetv1.GuestWebhookBridge, b *Backend) *corev1ac.Servi
 			WithPort(p.Port).WithTargetPort(intstr.FromInt32(p.NodePort)))
 	}
 	return corev1ac.Service(b.HostService, HostNamespace(gwb)).
-		WithLabels(hostnames.BridgeHostLabels(gwb, b.Service.Namespace, b.Service.Name)).
-		WithAnnotations(map[string]string{hostnames.BridgeAnnotation: hostnames.BridgeID(gwb)}).
+		WithLabels(ownership.BridgeHostLabels(gwb, b.Service.Namespace, b.Service.Name)).
+		WithAnnotations(map[string]string{ownership.BridgeAnnotation: ownership.BridgeID(gwb)}).
 		WithOwnerReferences(metav1ac.OwnerReference().
 			WithAPIVersion(guestnetv1.GroupVersion.String()).WithKind("GuestWebhookBridge").
 			WithName(gwb.Name).WithUID(gwb.UID).WithController(true).WithBlockOwnerDeletion(true)).

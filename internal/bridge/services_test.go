@@ -11,6 +11,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -32,13 +33,13 @@ func testBackend() *Backend {
 }
 
 func expectBridgeGuestMarks(g Gomega, gwb *guestnetv1.GuestWebhookBridge, svc *corev1.Service) {
-	g.Expect(hostnames.IsBridgeObject(svc, gwb)).To(BeTrue(), "the bridge recognises its Service")
-	g.Expect(hostnames.IsBridgeObject(svc, newBridge(func(b *guestnetv1.GuestWebhookBridge) { b.Name = "other" }))).To(BeFalse())
-	g.Expect(svc.Labels).To(Equal(hostnames.BridgeGuestLabels(gwb)))
-	for k, v := range hostnames.SelectBridge(gwb) {
+	g.Expect(ownership.IsBridgeObject(svc, gwb)).To(BeTrue(), "the bridge recognises its Service")
+	g.Expect(ownership.IsBridgeObject(svc, newBridge(func(b *guestnetv1.GuestWebhookBridge) { b.Name = "other" }))).To(BeFalse())
+	g.Expect(svc.Labels).To(Equal(ownership.BridgeGuestLabels(gwb)))
+	for k, v := range ownership.SelectBridge(gwb) {
 		g.Expect(svc.Labels).To(HaveKeyWithValue(k, v), "found by the bridge's selector")
 	}
-	g.Expect(svc.Annotations).To(Equal(map[string]string{hostnames.BridgeAnnotation: me}))
+	g.Expect(svc.Annotations).To(Equal(map[string]string{ownership.BridgeAnnotation: me}))
 	g.Expect(svc.OwnerReferences).To(BeEmpty(), "a guest object cannot be owned by a host object")
 }
 
@@ -57,7 +58,7 @@ func TestGuestNodePortService(t *testing.T) {
 		{Name: "port-8443", Protocol: corev1.ProtocolTCP, Port: 8443, TargetPort: intstr.FromInt32(10250), NodePort: 32702},
 	}), "ports without a nodePort are left out")
 	expectBridgeGuestMarks(g, gwb, &svc)
-	g.Expect(hostnames.IsBridgeObject(b.Service, gwb)).To(BeFalse(), "the chart's Service is not the bridge's")
+	g.Expect(ownership.IsBridgeObject(b.Service, gwb)).To(BeFalse(), "the chart's Service is not the bridge's")
 }
 
 func TestGuestExternalNameService(t *testing.T) {
@@ -94,13 +95,13 @@ func TestHostService(t *testing.T) {
 		APIVersion: guestnetv1.GroupVersion.String(), Kind: "GuestWebhookBridge", Name: "bridge", UID: "uid-bridge",
 		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 	}}))
-	g.Expect(svc.Labels).To(Equal(hostnames.BridgeHostLabels(gwb, cmNS, cmSvc)))
-	g.Expect(svc.Labels).To(HaveKeyWithValue(hostnames.ClusterNameLabel, "tenant-a"))
-	for k, v := range hostnames.SelectBridge(gwb) {
+	g.Expect(svc.Labels).To(Equal(ownership.BridgeHostLabels(gwb, cmNS, cmSvc)))
+	g.Expect(svc.Labels).To(HaveKeyWithValue(ownership.ClusterNameLabel, "tenant-a"))
+	for k, v := range ownership.SelectBridge(gwb) {
 		g.Expect(svc.Labels).To(HaveKeyWithValue(k, v), "found by the bridge's selector")
 	}
-	g.Expect(svc.Annotations).To(Equal(map[string]string{hostnames.BridgeAnnotation: me}))
-	g.Expect(hostnames.IsBridgeObject(&svc, gwb)).To(BeTrue())
+	g.Expect(svc.Annotations).To(Equal(map[string]string{ownership.BridgeAnnotation: me}))
+	g.Expect(ownership.IsBridgeObject(&svc, gwb)).To(BeTrue())
 }
 
 func TestBackendPorts(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // checkTargets checks every APIService that references a Service and every webhook.
@@ -162,7 +162,7 @@ func checkWebhook(s *State, v *TargetView) Result {
 	r := Result{Check: webhookCheck(t.Kind), Object: t.Name + "/" + t.Webhook}
 	failed := fmt.Sprintf("requests it intercepts fail with `failed calling webhook %q`", t.Webhook)
 	switch {
-	case t.Service != nil && t.Record != nil && v.Bridge != nil && v.RecordedBy() == hostnames.BridgeID(v.Bridge):
+	case t.Service != nil && t.Record != nil && v.Bridge != nil && v.RecordedBy() == ownership.BridgeID(v.Bridge):
 		r.Verdict, r.Runbook = Fail, rbHelmRevert
 		r.Detail = fmt.Sprintf("references Service %s again, though GuestWebhookBridge %s bridged it (a Helm upgrade or GitOps sync put the chart's service back): %s",
 			t.Service, v.Bridge.Name, failed)

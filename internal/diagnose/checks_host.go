@@ -15,8 +15,8 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
@@ -141,7 +141,7 @@ func hostServices(s *State) []corev1.Service {
 }
 
 func isGuestnetService(svc *corev1.Service, cluster string) bool {
-	return svc.Labels[hostnames.ManagedByLabel] == hostnames.ManagedByValue && svc.Labels[hostnames.ClusterNameLabel] == cluster
+	return svc.Labels[ownership.ManagedByLabel] == ownership.ManagedByValue && svc.Labels[ownership.ClusterNameLabel] == cluster
 }
 
 // vmTemplateLabelKeys are the label keys of the worker templates'

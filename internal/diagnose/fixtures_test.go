@@ -18,6 +18,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
@@ -157,7 +158,7 @@ func workers(t *testing.T, declared []ports.Port, required ports.Set) ports.Work
 func addHostService(s *State, name string, ready bool) {
 	s.Services = append(s.Services, corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
-			hostnames.ManagedByLabel: hostnames.ManagedByValue, hostnames.ClusterNameLabel: clusterName}},
+			ownership.ManagedByLabel: ownership.ManagedByValue, ownership.ClusterNameLabel: clusterName}},
 		Spec: corev1.ServiceSpec{
 			Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.97.0." + string(rune('1'+len(s.Services))),
 			Selector: virtlauncher.WorkerSelector(clusterName),

@@ -13,7 +13,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // TargetView is one way the guest apiserver calls out (an APIService, or one webhook of a
@@ -43,7 +43,7 @@ func (v *TargetView) RecordedBy() string {
 // ViaBridge reports whether the target holds what its bridge wrote: its calls go through
 // the bridge's host Service.
 func (v *TargetView) ViaBridge() bool {
-	return v.Bridge != nil && bridge.IsRewritten(v.Observed) && v.RecordedBy() == hostnames.BridgeID(v.Bridge)
+	return v.Bridge != nil && bridge.IsRewritten(v.Observed) && v.RecordedBy() == ownership.BridgeID(v.Bridge)
 }
 
 // noBridge names the bridge that plans the targets no bridge of the cluster selects. It is
@@ -122,7 +122,7 @@ func Classify(s *State) ([]TargetView, []ObjectError) {
 	reach := bridge.GuestReachesServices(g.Agents, g.Observed.APIServices)
 	for i := range s.Bridges {
 		b := &s.Bridges[i]
-		host := bridge.ReadHostRecords(hostnames.BridgeID(b), b.Status.Records)
+		host := bridge.ReadHostRecords(ownership.BridgeID(b), b.Status.Records)
 		targets, err := bridge.Select(&b.Spec, obs, host)
 		if err != nil {
 			continue // an invalid selector: the bridge's own conditions say so
@@ -143,7 +143,7 @@ func Classify(s *State) ([]TargetView, []ObjectError) {
 				continue // not in the guest (the bridge reports TargetNotFound), or served by the guest apiserver itself
 			}
 			// Two bridges selecting one target: the one whose record it carries has it.
-			if v.Bridge != nil && v.RecordedBy() != hostnames.BridgeID(b) {
+			if v.Bridge != nil && v.RecordedBy() != ownership.BridgeID(b) {
 				continue
 			}
 			v.Plan, v.Bridge, v.Status = tp, b, targetStatus(b, tp.Target)

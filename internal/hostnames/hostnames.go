@@ -1,6 +1,8 @@
-// Package hostnames is the one place that names, labels and recognises the host objects
-// guestnet creates for a GuestIngress: the LoadBalancer Service in the Cluster's namespace,
-// and the cluster-scoped CiliumLoadBalancerIPPool and CiliumL2AnnouncementPolicy.
+// Package hostnames is the one place that names the objects guestnet creates: for a
+// GuestIngress, the host LoadBalancer Service in the Cluster's namespace and the
+// cluster-scoped CiliumLoadBalancerIPPool and CiliumL2AnnouncementPolicy; for a
+// GuestWebhookBridge, its host and guest Services and the URLs the guest apiserver dials.
+// How those objects are labelled and recognised as guestnet's is internal/ownership.
 //
 // Names are readable (derived from the names of the Cluster, the GuestIngress and, for
 // cluster-scoped objects, the namespace; never from UIDs) and stay within Kubernetes' limits.
@@ -13,9 +15,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -30,35 +29,6 @@ const (
 	MaxLabelValue = 63
 
 	hashLength = 10
-)
-
-// FieldManager is guestnet's server-side apply field manager, on the host and in the guest.
-const FieldManager = "guestnet"
-
-// Labels on every host object guestnet creates for a GuestIngress. Label values are
-// LabelValue()s; the exact GuestIngress is in GuestIngressAnnotation.
-const (
-	// ManagedByLabel (with ManagedByValue) marks host objects guestnet created. Its manager
-	// caches only the Services and EndpointSlices that carry it (the EndpointSlice controller
-	// copies a Service's labels to its slices).
-	ManagedByLabel = "app.kubernetes.io/managed-by"
-	ManagedByValue = "guestnet"
-	// ClusterNameLabel names the CAPI Cluster the object exposes (CAPI's own label).
-	ClusterNameLabel = "cluster.x-k8s.io/cluster-name"
-	// GuestIngressNamespaceLabel and GuestIngressNameLabel name the GuestIngress the object
-	// belongs to. Pools and policies are cluster-scoped and cannot carry an owner reference
-	// to a namespaced GuestIngress that the garbage collector honours, so these (with the
-	// GuestIngress's finalizer) are how guestnet finds and deletes them.
-	GuestIngressNamespaceLabel = "guestnet.addons.cluster.x-k8s.io/guestingress-namespace"
-	GuestIngressNameLabel      = "guestnet.addons.cluster.x-k8s.io/guestingress-name"
-	// GuestServiceNamespaceLabel and GuestServiceNameLabel name the guest Service the
-	// traffic ends at (traceability: `kubectl get svc -l ...` in the host).
-	GuestServiceNamespaceLabel = "guestnet.addons.cluster.x-k8s.io/guest-service-namespace"
-	GuestServiceNameLabel      = "guestnet.addons.cluster.x-k8s.io/guest-service-name"
-
-	// GuestIngressAnnotation holds "<namespace>/<name>" of the GuestIngress, exactly (label
-	// values may be shortened).
-	GuestIngressAnnotation = "guestnet.addons.cluster.x-k8s.io/guestingress"
 )
 
 // HostService names the host LoadBalancer Service of gi, in gi's namespace: "<cluster>-<gi>",
@@ -118,60 +88,4 @@ func withHash(name, base string, limit int) string {
 	keep := min(len(name), limit-hashLength-1)
 	prefix := strings.TrimRight(name[:keep], "-.")
 	return prefix + "-" + suffix
-}
-
-// Labels are the labels guestnet puts on every host object of gi; they win over the user's
-// spec.loadBalancer.labels of the same keys.
-func Labels(gi *guestnetv1.GuestIngress) map[string]string {
-	return map[string]string{
-		ManagedByLabel:             ManagedByValue,
-		ClusterNameLabel:           gi.Spec.ClusterName,
-		GuestIngressNamespaceLabel: gi.Namespace,
-		GuestIngressNameLabel:      LabelValue(gi.Name),
-		GuestServiceNamespaceLabel: gi.Spec.GuestService.Namespace,
-		GuestServiceNameLabel:      gi.Spec.GuestService.Name,
-	}
-}
-
-// Annotations are the annotations guestnet puts on its cluster-scoped host objects of gi.
-func Annotations(gi *guestnetv1.GuestIngress) map[string]string {
-	return map[string]string{GuestIngressAnnotation: gi.Namespace + "/" + gi.Name}
-}
-
-// SelectGuestIngress is the label selector of every host object of gi.
-func SelectGuestIngress(gi *guestnetv1.GuestIngress) map[string]string {
-	return map[string]string{
-		ManagedByLabel:             ManagedByValue,
-		GuestIngressNamespaceLabel: gi.Namespace,
-		GuestIngressNameLabel:      LabelValue(gi.Name),
-	}
-}
-
-// IsOwnedBy reports whether obj is a host object guestnet created for gi: a Service whose
-// controller is gi, or a pool or policy labelled and annotated for gi. Nothing else is ever
-// changed or deleted by guestnet.
-func IsOwnedBy(obj metav1.Object, gi *guestnetv1.GuestIngress) bool {
-	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil {
-		return ref.Kind == "GuestIngress" && ref.Name == gi.Name &&
-			(gi.UID == "" || ref.UID == gi.UID) && obj.GetNamespace() == gi.Namespace
-	}
-	return obj.GetLabels()[ManagedByLabel] == ManagedByValue &&
-		obj.GetAnnotations()[GuestIngressAnnotation] == gi.Namespace+"/"+gi.Name
-}
-
-// GuestIngressOf returns the GuestIngress a host object belongs to, from its controller
-// owner reference (Services) or its annotation (pools, policies); ok is false for objects
-// guestnet did not create.
-func GuestIngressOf(obj metav1.Object) (types.NamespacedName, bool) {
-	if obj.GetLabels()[ManagedByLabel] != ManagedByValue {
-		return types.NamespacedName{}, false
-	}
-	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil && ref.Kind == "GuestIngress" && obj.GetNamespace() != "" {
-		return types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, true
-	}
-	ns, name, ok := strings.Cut(obj.GetAnnotations()[GuestIngressAnnotation], "/")
-	if !ok || ns == "" || name == "" {
-		return types.NamespacedName{}, false
-	}
-	return types.NamespacedName{Namespace: ns, Name: name}, true
 }

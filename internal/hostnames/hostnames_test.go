@@ -7,7 +7,6 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/utils/ptr"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -116,42 +115,4 @@ func TestShortenedNamesDiffer(t *testing.T) {
 	g.Expect(LabelValue(strings.Repeat("v", 64))).To(HaveLen(MaxLabelValue))
 	g.Expect(validation.IsValidLabelValue(LabelValue(strings.Repeat("v.", 40)))).To(BeEmpty())
 	g.Expect(LabelValue("web")).To(Equal("web"))
-}
-
-func TestLabelsAndOwnership(t *testing.T) {
-	g := NewWithT(t)
-	web := gi("k0smotron", "web", "tenant-a")
-	g.Expect(Labels(web)).To(Equal(map[string]string{
-		"app.kubernetes.io/managed-by":                             "guestnet",
-		"cluster.x-k8s.io/cluster-name":                            "tenant-a",
-		"guestnet.addons.cluster.x-k8s.io/guestingress-namespace":  "k0smotron",
-		"guestnet.addons.cluster.x-k8s.io/guestingress-name":       "web",
-		"guestnet.addons.cluster.x-k8s.io/guest-service-namespace": "projectcontour",
-		"guestnet.addons.cluster.x-k8s.io/guest-service-name":      "envoy",
-	}))
-	for k, v := range Labels(gi("k0smotron", strings.Repeat("w", 253), "tenant-a")) {
-		g.Expect(validation.IsValidLabelValue(v)).To(BeEmpty(), "label %s", k)
-	}
-
-	pool := &metav1.ObjectMeta{Name: Pool(web), Labels: Labels(web), Annotations: Annotations(web)}
-	g.Expect(IsOwnedBy(pool, web)).To(BeTrue())
-	g.Expect(IsOwnedBy(pool, gi("other", "web", "tenant-a"))).To(BeFalse(), "same name, other namespace")
-	key, ok := GuestIngressOf(pool)
-	g.Expect(ok).To(BeTrue())
-	g.Expect(key.String()).To(Equal("k0smotron/web"))
-
-	foreign := &metav1.ObjectMeta{Name: Pool(web)}
-	g.Expect(IsOwnedBy(foreign, web)).To(BeFalse())
-	_, ok = GuestIngressOf(foreign)
-	g.Expect(ok).To(BeFalse())
-
-	svc := &metav1.ObjectMeta{Namespace: "k0smotron", Name: HostService(web), Labels: Labels(web),
-		OwnerReferences: []metav1.OwnerReference{{Kind: "GuestIngress", Name: "web", UID: "uid-1", Controller: ptr.To(true)}}}
-	g.Expect(IsOwnedBy(svc, web)).To(BeTrue())
-	recreated := gi("k0smotron", "web", "tenant-a")
-	recreated.UID = "uid-2"
-	g.Expect(IsOwnedBy(svc, recreated)).To(BeFalse(), "a Service of a former GuestIngress of the same name")
-	key, ok = GuestIngressOf(svc)
-	g.Expect(ok).To(BeTrue())
-	g.Expect(key.String()).To(Equal("k0smotron/web"))
 }

@@ -14,6 +14,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // Cilium's kinds guestnet writes (cluster-scoped).
@@ -167,8 +168,8 @@ func L2Policy(gi *guestnetv1.GuestIngress, a Announcement) (*unstructured.Unstru
 func hostObject(gvk schema.GroupVersionKind, name string, gi *guestnetv1.GuestIngress) *unstructured.Unstructured {
 	u := newObject(gvk)
 	u.SetName(name)
-	u.SetLabels(hostnames.Labels(gi))
-	u.SetAnnotations(hostnames.Annotations(gi))
+	u.SetLabels(ownership.Labels(gi))
+	u.SetAnnotations(ownership.Annotations(gi))
 	return u
 }
 
@@ -347,5 +348,5 @@ func PoolSelectorHint(pool *unstructured.Unstructured, svc *corev1.Service) stri
 	return fmt.Sprintf("the serviceSelector of CiliumLoadBalancerIPPool %s does not select Service %s/%s; the host admin selects it by "+
 		"namespace (matchLabels %s: %s), or by namespace and name (and %s: %s), never by a label of the Service such as %s, "+
 		"whose value a tenant chooses", pool.GetName(), svc.Namespace, svc.Name, ServiceNamespaceKey, svc.Namespace,
-		ServiceNameKey, svc.Name, hostnames.ClusterNameLabel)
+		ServiceNameKey, svc.Name, ownership.ClusterNameLabel)
 }

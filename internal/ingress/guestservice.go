@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // GuestService is what guestnet server-side applies to the guest ingress controller's
@@ -237,7 +237,7 @@ func readRecord(svc *corev1.Service) originalRecord {
 
 // ownedByGuestnet is what guestnet's field manager applied to the Service (empty when nothing).
 func ownedByGuestnet(svc *corev1.Service) *corev1ac.ServiceApplyConfiguration {
-	owned, err := corev1ac.ExtractService(svc, hostnames.FieldManager)
+	owned, err := corev1ac.ExtractService(svc, ownership.FieldManager)
 	if err != nil {
 		return &corev1ac.ServiceApplyConfiguration{}
 	}

@@ -13,6 +13,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -47,7 +48,7 @@ func withoutForbiddenKeys(m map[string]string) map[string]string {
 // Cilium's pseudo-labels), so admission judges pools against exactly this set.
 func HostServiceLabels(gi *guestnetv1.GuestIngress) map[string]string {
 	svcLabels := withoutForbiddenKeys(gi.Spec.LoadBalancer.Labels)
-	maps.Copy(svcLabels, hostnames.Labels(gi))
+	maps.Copy(svcLabels, ownership.Labels(gi))
 	return svcLabels
 }
 

@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -79,7 +79,7 @@ func (o Options) CacheOptions() ctrlcache.Options {
 
 	clusterSecrets, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
 	utilruntime.Must(err)
-	ours := labels.SelectorFromSet(labels.Set{hostnames.ManagedByLabel: hostnames.ManagedByValue})
+	ours := labels.SelectorFromSet(labels.Set{ownership.ManagedByLabel: ownership.ManagedByValue})
 
 	return ctrlcache.Options{
 		DefaultNamespaces: namespaces,
@@ -114,7 +114,7 @@ func ClientOptions() client.Options {
 }
 
 // KeepOwnManagedFields is a cache transform that drops every managedFields entry but
-// guestnet's own server-side apply entries (field manager hostnames.FieldManager). Those are
+// guestnet's own server-side apply entries (field manager ownership.FieldManager). Those are
 // small, exist only on the objects guestnet applies, and tell guestnet what it owns, so it can
 // skip an apply that would change nothing (internal/ssa.ServiceUpToDate).
 func KeepOwnManagedFields(in any) (any, error) {
@@ -124,7 +124,7 @@ func KeepOwnManagedFields(in any) (any, error) {
 	}
 	var keep []metav1.ManagedFieldsEntry
 	for _, e := range obj.GetManagedFields() {
-		if e.Manager == hostnames.FieldManager {
+		if e.Manager == ownership.FieldManager {
 			keep = append(keep, e)
 		}
 	}

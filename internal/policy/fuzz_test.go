@@ -36,6 +36,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
@@ -220,7 +221,7 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 	if want := virtlauncher.WorkerSelector(gi.Spec.ClusterName); !equalMaps(svc.Spec.Selector, want) {
 		t.Fatalf("host Service selects %v, not the Cluster's workers %v", svc.Spec.Selector, want)
 	}
-	own := hostnames.Labels(gi)
+	own := ownership.Labels(gi)
 	for k, v := range svc.Labels {
 		if ingress.ForbiddenHostServiceKey(k) && own[k] != v {
 			t.Fatalf("forbidden label %s=%s on the host Service", k, v)
@@ -284,7 +285,7 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 	}
 	if lb.IP == "" {
 		for name, other := range pools {
-			if (lb.PoolRef != nil && name == lb.PoolRef.Name) || hostnames.IsOwnedBy(other, gi) {
+			if (lb.PoolRef != nil && name == lb.PoolRef.Name) || ownership.IsOwnedBy(other, gi) {
 				continue
 			}
 			if ok, _ := ingress.SelectorMatchesService(other, svc.Labels, "tenant-a", svcName); ok {

@@ -14,8 +14,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 var created = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
@@ -645,7 +645,7 @@ func TestUsable(t *testing.T) {
 		{
 			name:       "shared pool a tenant could match",
 			p:          pol("p", func(p *guestnetv1.GuestIngressPolicy) { p.Spec.SharedPools = []string{"shared"} }),
-			pools:      pools(ciliumPool("shared", map[string]any{"matchLabels": map[string]any{hostnames.ClusterNameLabel: "tenant-a"}}, "10.97.0.0/24")),
+			pools:      pools(ciliumPool("shared", map[string]any{"matchLabels": map[string]any{ownership.ClusterNameLabel: "tenant-a"}}, "10.97.0.0/24")),
 			wantReason: guestnetv1.SharedPoolUnsafeReason, wantMsg: "matchLabels io.kubernetes.service.namespace",
 		},
 		{

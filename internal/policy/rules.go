@@ -15,6 +15,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // violations lists what p does not allow of what gi asks for, each as a phrase ("IP
@@ -247,7 +248,7 @@ func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unst
 	var out []string
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
 		pool := pools[name]
-		if pool == nil || (lb.PoolRef != nil && name == lb.PoolRef.Name) || hostnames.IsOwnedBy(pool, gi) {
+		if pool == nil || (lb.PoolRef != nil && name == lb.PoolRef.Name) || ownership.IsOwnedBy(pool, gi) {
 			continue
 		}
 		if disabled, _, _ := unstructured.NestedBool(pool.Object, "spec", "disabled"); disabled {
@@ -263,7 +264,7 @@ func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unst
 		}
 		out = append(out, fmt.Sprintf("an IP chosen by LB-IPAM (no spec.loadBalancer.ip) while CiliumLoadBalancerIPPool %s could hand it out: %s "+
 			"(set spec.loadBalancer.ip, or the host admin narrows that pool, e.g. with %s NotIn [%s])",
-			name, how, hostnames.ManagedByLabel, hostnames.ManagedByValue))
+			name, how, ownership.ManagedByLabel, ownership.ManagedByValue))
 	}
 	return out
 }

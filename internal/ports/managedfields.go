@@ -7,9 +7,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
 // infrastructureRefNamePath is spec.template.spec.infrastructureRef.name of a
@@ -23,7 +23,7 @@ var infrastructureRefNamePath = []string{"f:spec", "f:template", "f:spec", "f:in
 func InfrastructureRefOwners(md *clusterv1.MachineDeployment) []string {
 	var owners []string
 	for _, e := range md.ManagedFields {
-		if e.Manager != hostnames.FieldManager && ownsInfrastructureRefName(e) && !slices.Contains(owners, e.Manager) {
+		if e.Manager != ownership.FieldManager && ownsInfrastructureRefName(e) && !slices.Contains(owners, e.Manager) {
 			owners = append(owners, e.Manager)
 		}
 	}
@@ -62,7 +62,7 @@ func KeepInfrastructureRefOwners(in any) (any, error) {
 	var keep []metav1.ManagedFieldsEntry
 	for _, e := range obj.GetManagedFields() {
 		switch {
-		case e.Manager == hostnames.FieldManager:
+		case e.Manager == ownership.FieldManager:
 			keep = append(keep, e)
 		case ownsInfrastructureRefName(e):
 			e.FieldsV1 = metav1.NewFieldsV1(string(infrastructureRefNameFields))

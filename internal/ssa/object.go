@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // Deciding whether an apply to an unstructured object (Cilium's kinds, whose schema guestnet
@@ -23,7 +23,7 @@ func ObjectUpToDate(desired, live *unstructured.Unstructured) bool {
 	if !Subset(desired.Object, live.Object) {
 		return false
 	}
-	owned, ok := ownedFields(live, hostnames.FieldManager)
+	owned, ok := ownedFields(live, ownership.FieldManager)
 	if !ok {
 		return false
 	}

@@ -19,14 +19,14 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 // ServiceUpToDate reports whether applying desired to the live Service as guestnet's field
 // manager would change nothing: the fields guestnet owns in live are exactly desired's, with
 // desired's values.
 func ServiceUpToDate(desired *corev1ac.ServiceApplyConfiguration, live *corev1.Service) (bool, error) {
-	owned, err := corev1ac.ExtractService(live, hostnames.FieldManager)
+	owned, err := corev1ac.ExtractService(live, ownership.FieldManager)
 	if err != nil {
 		return false, err
 	}
@@ -37,7 +37,7 @@ func ServiceUpToDate(desired *corev1ac.ServiceApplyConfiguration, live *corev1.S
 // and returns the Service the apiserver answered with.
 func ApplyService(ctx context.Context, c client.Client, desired *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
 	ac := *desired // the client writes the response into the configuration
-	if err := c.Apply(ctx, &ac, applyOptions(hostnames.FieldManager)...); err != nil {
+	if err := c.Apply(ctx, &ac, applyOptions(ownership.FieldManager)...); err != nil {
 		return nil, err
 	}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&ac)

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
 var serviceKind = schema.GroupKind{Kind: "Service"}
@@ -95,7 +95,7 @@ func TestAPIErrorMessage(t *testing.T) {
 // desired is a NodePort Service as guestnet applies it.
 func desired() *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service("cert-manager-webhook-guestnet-nodeport", "cert-manager").
-		WithLabels(map[string]string{hostnames.ManagedByLabel: hostnames.ManagedByValue}).
+		WithLabels(map[string]string{ownership.ManagedByLabel: ownership.ManagedByValue}).
 		WithSpec(corev1ac.ServiceSpec().WithType(corev1.ServiceTypeNodePort).
 			WithSelector(map[string]string{"app": "webhook"}).
 			WithPorts(corev1ac.ServicePort().WithName("https").WithProtocol(corev1.ProtocolTCP).
@@ -118,7 +118,7 @@ func live(manager string) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: "cert-manager", Name: "cert-manager-webhook-guestnet-nodeport", ResourceVersion: "42",
-			Labels:      map[string]string{hostnames.ManagedByLabel: hostnames.ManagedByValue, "team": "x"},
+			Labels:      map[string]string{ownership.ManagedByLabel: ownership.ManagedByValue, "team": "x"},
 			Annotations: map[string]string{"note": "someone else's"},
 			ManagedFields: []metav1.ManagedFieldsEntry{
 				{Manager: manager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1", FieldsType: "FieldsV1",
@@ -147,12 +147,12 @@ func TestServiceUpToDate(t *testing.T) {
 		live    *corev1.Service
 		want    bool
 	}{
-		{name: "as applied, whatever others added", desired: desired(), live: live(hostnames.FieldManager), want: true},
+		{name: "as applied, whatever others added", desired: desired(), live: live(ownership.FieldManager), want: true},
 		{
 			name:    "another nodePort wanted",
 			desired: desired(),
 			live: func() *corev1.Service {
-				s := live(hostnames.FieldManager)
+				s := live(ownership.FieldManager)
 				s.Spec.Ports[0].NodePort = 32701
 				return s
 			}(),
@@ -160,16 +160,16 @@ func TestServiceUpToDate(t *testing.T) {
 		{
 			name: "a field guestnet no longer wants (it must be removed by an apply)",
 			desired: corev1ac.Service("cert-manager-webhook-guestnet-nodeport", "cert-manager").
-				WithLabels(map[string]string{hostnames.ManagedByLabel: hostnames.ManagedByValue}).
+				WithLabels(map[string]string{ownership.ManagedByLabel: ownership.ManagedByValue}).
 				WithSpec(corev1ac.ServiceSpec().WithType(corev1.ServiceTypeNodePort).WithSelector(map[string]string{"app": "webhook"})),
-			live: live(hostnames.FieldManager),
+			live: live(ownership.FieldManager),
 		},
 		{name: "applied by another manager", desired: desired(), live: live("helm")},
 		{
 			name:    "someone changed a value guestnet owns",
 			desired: desired(),
 			live: func() *corev1.Service {
-				s := live(hostnames.FieldManager)
+				s := live(ownership.FieldManager)
 				s.Spec.Selector["app"] = "other"
 				return s
 			}(),
@@ -188,7 +188,7 @@ func TestServiceUpToDate(t *testing.T) {
 // An up-to-date Service is not written: no client call at all (the client here is nil).
 func TestEnsureServiceUpToDate(t *testing.T) {
 	g := NewWithT(t)
-	l := live(hostnames.FieldManager)
+	l := live(ownership.FieldManager)
 	svc, applied, err := EnsureService(context.Background(), nil, desired(), l)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(applied).To(BeFalse())

@@ -1,0 +1,119 @@
+package ownership
+
+import (
+	"strings"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
+
+	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+)
+
+func gi(ns, name, cluster string) *guestnetv1.GuestIngress {
+	return &guestnetv1.GuestIngress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: "uid-1"},
+		Spec: guestnetv1.GuestIngressSpec{
+			ClusterName:  cluster,
+			GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
+		},
+	}
+}
+
+func gwb(ns, name, cluster string) *guestnetv1.GuestWebhookBridge {
+	return &guestnetv1.GuestWebhookBridge{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: "uid-1"},
+		Spec:       guestnetv1.GuestWebhookBridgeSpec{ClusterName: cluster},
+	}
+}
+
+func TestLabelsAndOwnership(t *testing.T) {
+	g := NewWithT(t)
+	web := gi("k0smotron", "web", "tenant-a")
+	g.Expect(Labels(web)).To(Equal(map[string]string{
+		"app.kubernetes.io/managed-by":                             "guestnet",
+		"cluster.x-k8s.io/cluster-name":                            "tenant-a",
+		"guestnet.addons.cluster.x-k8s.io/guestingress-namespace":  "k0smotron",
+		"guestnet.addons.cluster.x-k8s.io/guestingress-name":       "web",
+		"guestnet.addons.cluster.x-k8s.io/guest-service-namespace": "projectcontour",
+		"guestnet.addons.cluster.x-k8s.io/guest-service-name":      "envoy",
+	}))
+	for k, v := range Labels(gi("k0smotron", strings.Repeat("w", 253), "tenant-a")) {
+		g.Expect(validation.IsValidLabelValue(v)).To(BeEmpty(), "label %s", k)
+	}
+
+	pool := &metav1.ObjectMeta{Name: hostnames.Pool(web), Labels: Labels(web), Annotations: Annotations(web)}
+	g.Expect(IsOwnedBy(pool, web)).To(BeTrue())
+	g.Expect(IsOwnedBy(pool, gi("other", "web", "tenant-a"))).To(BeFalse(), "same name, other namespace")
+	key, ok := GuestIngressOf(pool)
+	g.Expect(ok).To(BeTrue())
+	g.Expect(key.String()).To(Equal("k0smotron/web"))
+
+	foreign := &metav1.ObjectMeta{Name: hostnames.Pool(web)}
+	g.Expect(IsOwnedBy(foreign, web)).To(BeFalse())
+	_, ok = GuestIngressOf(foreign)
+	g.Expect(ok).To(BeFalse())
+
+	svc := &metav1.ObjectMeta{Namespace: "k0smotron", Name: hostnames.HostService(web), Labels: Labels(web),
+		OwnerReferences: []metav1.OwnerReference{{Kind: "GuestIngress", Name: "web", UID: "uid-1", Controller: ptr.To(true)}}}
+	g.Expect(IsOwnedBy(svc, web)).To(BeTrue())
+	recreated := gi("k0smotron", "web", "tenant-a")
+	recreated.UID = "uid-2"
+	g.Expect(IsOwnedBy(svc, recreated)).To(BeFalse(), "a Service of a former GuestIngress of the same name")
+	key, ok = GuestIngressOf(svc)
+	g.Expect(ok).To(BeTrue())
+	g.Expect(key.String()).To(Equal("k0smotron/web"))
+}
+
+func TestBridgeLabelsAndOwnership(t *testing.T) {
+	g := NewWithT(t)
+	b := gwb("k0smotron", "bridge", "tenant-a")
+	g.Expect(BridgeID(b)).To(Equal("k0smotron/bridge"))
+	g.Expect(BridgeGuestLabels(b)).To(Equal(map[string]string{
+		"app.kubernetes.io/managed-by":                      "guestnet",
+		"guestnet.addons.cluster.x-k8s.io/bridge-namespace": "k0smotron",
+		"guestnet.addons.cluster.x-k8s.io/bridge-name":      "bridge",
+	}))
+	g.Expect(BridgeHostLabels(b, "cert-manager", "cert-manager-webhook")).To(Equal(map[string]string{
+		"app.kubernetes.io/managed-by":                             "guestnet",
+		"cluster.x-k8s.io/cluster-name":                            "tenant-a",
+		"guestnet.addons.cluster.x-k8s.io/bridge-namespace":        "k0smotron",
+		"guestnet.addons.cluster.x-k8s.io/bridge-name":             "bridge",
+		"guestnet.addons.cluster.x-k8s.io/guest-service-namespace": "cert-manager",
+		"guestnet.addons.cluster.x-k8s.io/guest-service-name":      "cert-manager-webhook",
+	}))
+	// The bridge's selector finds its host and guest Services.
+	for k, v := range SelectBridge(b) {
+		g.Expect(BridgeGuestLabels(b)).To(HaveKeyWithValue(k, v))
+		g.Expect(BridgeHostLabels(b, "ns", "svc")).To(HaveKeyWithValue(k, v))
+	}
+	// Label values stay valid for the longest bridge name.
+	long := gwb("k0smotron", strings.Repeat("b", 253), "tenant-a")
+	for k, v := range BridgeHostLabels(long, strings.Repeat("n", 63), strings.Repeat("s", 63)) {
+		g.Expect(validation.IsValidLabelValue(v)).To(BeEmpty(), "label %s", k)
+	}
+	g.Expect(SelectBridge(long)).NotTo(Equal(SelectBridge(gwb("k0smotron", strings.Repeat("b", 252)+"c", "tenant-a"))))
+
+	tests := []struct {
+		name        string
+		labels      map[string]string
+		annotations map[string]string
+		want        bool
+	}{
+		{name: "labelled and annotated for the bridge", labels: BridgeGuestLabels(b), annotations: map[string]string{BridgeAnnotation: "k0smotron/bridge"}, want: true},
+		{name: "host labels", labels: BridgeHostLabels(b, "a", "b"), annotations: map[string]string{BridgeAnnotation: "k0smotron/bridge"}, want: true},
+		{name: "managed-by alone is enough with the annotation", labels: map[string]string{ManagedByLabel: ManagedByValue}, annotations: map[string]string{BridgeAnnotation: "k0smotron/bridge"}, want: true},
+		{name: "another bridge's", labels: BridgeGuestLabels(b), annotations: map[string]string{BridgeAnnotation: "k0smotron/other"}},
+		{name: "same name, other namespace", labels: BridgeGuestLabels(b), annotations: map[string]string{BridgeAnnotation: "team-b/bridge"}},
+		{name: "not managed by guestnet", labels: map[string]string{"app": "x"}, annotations: map[string]string{BridgeAnnotation: "k0smotron/bridge"}},
+		{name: "no annotation", labels: BridgeGuestLabels(b)},
+		{name: "a GuestIngress's", labels: map[string]string{ManagedByLabel: ManagedByValue}, annotations: map[string]string{GuestIngressAnnotation: "k0smotron/bridge"}},
+	}
+	for _, tt := range tests {
+		obj := &metav1.ObjectMeta{Labels: tt.labels, Annotations: tt.annotations}
+		g.Expect(IsBridgeObject(obj, b)).To(Equal(tt.want), tt.name)
+	}
+}
