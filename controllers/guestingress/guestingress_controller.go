@@ -30,6 +30,8 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 // controllerName names the controller, its ClusterCache source and its events.
@@ -63,7 +65,7 @@ type Reconciler struct {
 	recorder   events.EventRecorder
 	controller controller.Controller
 	// ownWrites skips a reconcile on a cache that has not seen this controller's last write.
-	ownWrites clusterscope.OwnWrites
+	ownWrites status.OwnWrites
 }
 
 // scope is what one reconcile of a GuestIngress works with.
@@ -231,7 +233,7 @@ func (r *Reconciler) reader() prologue.Reader {
 }
 
 // patch writes what the reconcile changed on the GuestIngress since before, in one status
-// write (clusterscope.Patch). Unless it is paused, the status is derived first from what the
+// write (status.Patch). Unless it is paused, the status is derived first from what the
 // reconcile observed and did (updateStatus) and, after a reconcile without error,
 // status.observedGeneration is stamped. Condition changes are recorded as events once they
 // are stored.
@@ -243,13 +245,13 @@ func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress,
 			gi.Status.ObservedGeneration = gi.Generation
 		}
 	}
-	written, err := clusterscope.Patch(ctx, r.Client, before, gi)
+	written, err := status.Patch(ctx, r.Client, before, gi)
 	if written {
 		r.ownWrites.Replaced(client.ObjectKeyFromObject(gi), before.ResourceVersion)
 	}
 	if err != nil {
 		return err
 	}
-	clusterscope.RecordConditionChanges(r.recorder, gi, before.Status.Conditions)
+	record.RecordConditionChanges(r.recorder, gi, before.Status.Conditions)
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 // updateStatus derives the status from what this reconcile observed, planned and did (the
@@ -25,7 +26,7 @@ func updateStatus(s *scope) {
 		if s.guestErr != nil {
 			clusterscope.SetClusterAvailableCondition(gi, s.cluster, s.guestErr)
 		}
-		clusterscope.SetDeletingCondition(gi, deletingMessage(s))
+		status.SetDeletingCondition(gi, deletingMessage(s))
 		return
 	}
 	if s.observed != nil || s.err != nil {
@@ -41,13 +42,13 @@ func updateStatus(s *scope) {
 		// rather than leave what an earlier one found.
 		conditions.Set(gi, metav1.Condition{
 			Type: guestnetv1.LoadBalancerReadyCondition, Status: metav1.ConditionUnknown, Reason: guestnetv1.InternalErrorReason,
-			Message: clusterscope.Bound(fmt.Sprintf("guestnet could not finish this reconcile and retries: %v", s.err), ingress.MaxMessage),
+			Message: status.Bound(fmt.Sprintf("guestnet could not finish this reconcile and retries: %v", s.err), ingress.MaxMessage),
 		})
 		if !slices.Contains(summarised, guestnetv1.LoadBalancerReadyCondition) {
 			summarised = append(slices.Clone(summarised), guestnetv1.LoadBalancerReadyCondition)
 		}
 	}
-	clusterscope.SetReadyCondition(gi, summarised...)
+	status.SetReadyCondition(gi, summarised...)
 }
 
 // deletingMessage says what a deletion waits for.

@@ -30,9 +30,9 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 )
 
 // controllerName names the controller and its events.
@@ -164,6 +164,6 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.policy, opts...); err != nil {
 		return err
 	}
-	clusterscope.RecordConditionChanges(r.recorder, s.policy, conditionsBefore)
+	record.RecordConditionChanges(r.recorder, s.policy, conditionsBefore)
 	return nil
 }

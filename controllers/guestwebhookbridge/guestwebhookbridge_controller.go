@@ -34,6 +34,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 )
 
 // controllerName names the controller, its ClusterCache source and its events.
@@ -273,6 +274,6 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.bridge, opts...); err != nil {
 		return err
 	}
-	clusterscope.RecordConditionChanges(r.recorder, s.bridge, conditionsBefore)
+	record.RecordConditionChanges(r.recorder, s.bridge, conditionsBefore)
 	return nil
 }

@@ -15,9 +15,9 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 )
 
 // writeGuestObjects makes the plan's changes to the guest's APIServices and webhook
@@ -71,7 +71,7 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 			}
 		}
 		for _, reason := range reasons {
-			clusterscope.RecordWrite(ctx, r.recorder, s.bridge, clusterscope.Write{Type: corev1.EventTypeNormal, Reason: reason, Action: actionRewrite,
+			record.RecordWrite(ctx, r.recorder, s.bridge, record.Write{Type: corev1.EventTypeNormal, Reason: reason, Action: actionRewrite,
 				Object: targetObject(tps[0].Target), Note: strings.Join(notes[reason], "; "), Repair: repairs[reason]})
 		}
 	}
@@ -131,9 +131,9 @@ func wasBridged(gwb *guestnetv1.GuestWebhookBridge, t bridge.Target) bool {
 
 // recordWrite logs a write guestnet made, at the default level, and records it as an event
 // on the bridge (related: the object written, or nil); repair is set when the write puts back
-// what someone else changed (clusterscope.Write).
+// what someone else changed (record.Write).
 func (r *Reconciler) recordWrite(ctx context.Context, gwb *guestnetv1.GuestWebhookBridge, related client.Object, eventType, reason, action, note string, repair metrics.RepairKind) {
-	clusterscope.RecordWrite(ctx, r.recorder, gwb, clusterscope.Write{Type: eventType, Reason: reason, Action: action, Object: related, Note: note, Repair: repair})
+	record.RecordWrite(ctx, r.recorder, gwb, record.Write{Type: eventType, Reason: reason, Action: action, Object: related, Note: note, Repair: repair})
 }
 
 // repairKind is kind when applying a Service of backend hostService now puts back what someone

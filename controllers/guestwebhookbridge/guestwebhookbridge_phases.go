@@ -38,6 +38,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 // readyConditions are the conditions Ready summarises. Those the controller does not report
@@ -807,5 +808,5 @@ func (r *Reconciler) release(ctx context.Context, s *scope) (ctrl.Result, error)
 
 // setReadyCondition summarises readyConditions into Ready.
 func setReadyCondition(bridge *guestnetv1.GuestWebhookBridge) {
-	clusterscope.SetReadyCondition(bridge, readyConditions...)
+	status.SetReadyCondition(bridge, readyConditions...)
 }

@@ -11,16 +11,14 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
+
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
-	"sigs.k8s.io/cluster-api/util/conditions"
 )
 
 // Object is a guestnet object that carries conditions: a GuestIngress or a GuestWebhookBridge.
-type Object interface {
-	client.Object
-	conditions.Setter
-}
+type Object = status.Object
 
 // GetCluster returns the Cluster called name in namespace, or nil when there is none: a
 // missing Cluster is a state reported in ClusterAvailable, not a reconcile error.

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -18,8 +18,8 @@ import (
 // 32768 bytes; a summary of six conditions must fit in Ready's).
 const MaxMessage = 2048
 
-func set(gi *guestnetv1.GuestIngress, conditionType string, status metav1.ConditionStatus, reason, message string) {
-	conditions.Set(gi, metav1.Condition{Type: conditionType, Status: status, Reason: reason, Message: clusterscope.Bound(message, MaxMessage)})
+func set(gi *guestnetv1.GuestIngress, conditionType string, value metav1.ConditionStatus, reason, message string) {
+	conditions.Set(gi, metav1.Condition{Type: conditionType, Status: value, Reason: reason, Message: status.Bound(message, MaxMessage)})
 }
 
 // SetAdmitted reports the policy's decision.

@@ -17,6 +17,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 // Object is a guestnet object that belongs to one Cluster of its namespace.
@@ -38,8 +39,8 @@ type Reader struct {
 	Client           client.Client
 	WatchFilterValue string
 	// OwnWrites, when set, skips reads the cache has not caught up on (see
-	// clusterscope.OwnWrites) and forgets objects that are gone.
-	OwnWrites *clusterscope.OwnWrites
+	// status.OwnWrites) and forgets objects that are gone.
+	OwnWrites *status.OwnWrites
 }
 
 // Get reads the object of req into obj and its Cluster (nil when there is none), and returns

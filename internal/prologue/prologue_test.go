@@ -14,8 +14,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 const finalizer = guestnetv1.GuestIngressFinalizer
@@ -58,7 +58,7 @@ func TestGet(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
 			c := fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(tc.objects...).Build()
-			r := Reader{Client: c, WatchFilterValue: tc.filter, OwnWrites: &clusterscope.OwnWrites{}}
+			r := Reader{Client: c, WatchFilterValue: tc.filter, OwnWrites: &status.OwnWrites{}}
 			if tc.stale {
 				live := &guestnetv1.GuestWebhookBridge{}
 				g.Expect(c.Get(context.Background(), request().NamespacedName, live)).To(Succeed())
@@ -76,7 +76,7 @@ func TestStoreFinalizer(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	c := fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(bridge(nil)).Build()
-	r := Reader{Client: c, OwnWrites: &clusterscope.OwnWrites{}}
+	r := Reader{Client: c, OwnWrites: &status.OwnWrites{}}
 	obj := &guestnetv1.GuestWebhookBridge{}
 	g.Expect(c.Get(ctx, request().NamespacedName, obj)).To(Succeed())
 	before := obj.DeepCopy()

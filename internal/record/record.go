@@ -1,4 +1,7 @@
-package clusterscope
+// Package record is how guestnet tells what it did: an Event for every condition change and
+// for every write it makes to an object it does not own (create, apply, delete, rewrite,
+// restore), each logged at the default level next to its Event, with the object and why.
+package record
 
 import (
 	"context"
@@ -15,6 +18,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 // eventAction is the events.k8s.io action of every condition event: the reconcile noticed it.
@@ -88,7 +92,7 @@ func eventType(c metav1.Condition) string {
 // RecordConditionChanges records an event on obj for each condition that changed since
 // before, so `kubectl describe` and `kubectl get events` tell the story of the object, and
 // counts the changes the metrics count (conflicts and policy refusals, once per change).
-func RecordConditionChanges(recorder events.EventRecorder, obj Object, before []metav1.Condition) {
+func RecordConditionChanges(recorder events.EventRecorder, obj status.Object, before []metav1.Condition) {
 	for _, e := range ConditionChanges(before, obj.GetConditions()) {
 		recorder.Eventf(obj, nil, e.Type, e.Reason, e.Action, "%s", e.Note)
 	}
@@ -132,7 +136,7 @@ func RecordWrite(ctx context.Context, recorder events.EventRecorder, regarding c
 	}
 	log.Info(w.Note, kv...)
 	if recorder != nil {
-		recorder.Eventf(regarding, w.Object, w.Type, w.Reason, w.Action, "%s", Bound(w.Note, maxWriteNote))
+		recorder.Eventf(regarding, w.Object, w.Type, w.Reason, w.Action, "%s", status.Bound(w.Note, maxWriteNote))
 	}
 }
 

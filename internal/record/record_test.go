@@ -1,4 +1,4 @@
-package clusterscope
+package record
 
 import (
 	"strings"
@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 )
 
 func TestConditionChanges(t *testing.T) {
@@ -97,7 +98,7 @@ func TestRecordConditionChanges(t *testing.T) {
 	g := NewWithT(t)
 	recorder := events.NewFakeRecorder(10)
 	obj := newGuestIngress()
-	SetClusterAvailableCondition(obj, nil, nil)
+	clusterscope.SetClusterAvailableCondition(obj, nil, nil)
 
 	RecordConditionChanges(recorder, obj, nil)
 
@@ -107,4 +108,11 @@ func TestRecordConditionChanges(t *testing.T) {
 		ContainSubstring(`No Cluster "guest"`),
 	)))
 	g.Expect(recorder.Events).NotTo(Receive())
+}
+
+func newGuestIngress() *guestnetv1.GuestIngress {
+	return &guestnetv1.GuestIngress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "ingress", Generation: 3},
+		Spec:       guestnetv1.GuestIngressSpec{ClusterName: "guest"},
+	}
 }

@@ -1,4 +1,4 @@
-package clusterscope
+package status
 
 import (
 	"context"
