@@ -140,7 +140,7 @@ test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integr
 	GUESTNET_IMAGE_PLATFORMS="$(TEST_IMAGE_PLATFORMS)" GUESTNET_MANAGER_BIN=$(abspath bin/manager-linux-$(shell go env GOARCH)) \
 		go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
 
-# `make bench` (issue 13, not part of `make test`): for each fleet size of BENCH_N, a fresh lab
+# `make bench` (docs/performance.md; not part of `make test`): for each fleet size of BENCH_N, a fresh lab
 # and the real manager binary as its own process (e2e/bench); results in BENCH_OUT.
 BENCH_N            ?= 10 100
 BENCH_BRIDGE_EVERY ?= 5

@@ -1,7 +1,7 @@
 package e2e
 
-// Reproductions of the failures in the field notes, as they happen without guestnet. Each
-// test fails if the failure stops happening; the issues that fix them flip these tests.
+// Reproductions of the failures docs/runbook.md describes, as they happen without guestnet.
+// Each test fails if the failure stops happening.
 
 import (
 	"strings"

@@ -1,6 +1,6 @@
 package guestwebhookbridge_test
 
-// The bridge half of the fault test (issue 11): a bridge's life (create: bridge a webhook and
+// The bridge half of the fault test (docs/guestwebhookbridge.md, invariants): a bridge's life (create: bridge a webhook and
 // an APIService; delete: restore them) runs with the manager "crashing" at its 1st, 2nd, ...
 // Nth write (internal/test/faultclient: every further write fails and the manager is stopped),
 // then a new manager takes over. Whatever the crash point, the bridge must converge to the

@@ -2,8 +2,8 @@ package guestwebhookbridge_test
 
 // Lab tests of what the GuestWebhookBridge controller does (guestwebhookbridge_phases.go)
 // against the lab's real host and guest apiservers and the real kube-controller-manager
-// (EndpointSlices of the host Services). The guest objects are those of the field notes'
-// failures (lab.CreateServiceWebhook, lab.CreateMetricsAPI). Calls through the bridge, by the
+// (EndpointSlices of the host Services). The guest objects are those of the
+// failures docs/runbook.md describes (lab.CreateServiceWebhook, lab.CreateMetricsAPI). Calls through the bridge, by the
 // real guest apiserver to the real cert-manager webhook and metrics-server, are proven in
 // e2e/webhookbridge_test.go; here no data path runs, so bridged targets are unreachable and
 // say so.
@@ -456,7 +456,7 @@ func (e *bridgeEnv) runManager() func() error {
 func (e *bridgeEnv) nodePort(i int32) int32 { return e.nodePortBase + i }
 func (e *bridgeEnv) workerIP(i int) string  { return fmt.Sprintf("%s.%d", e.workerNet, i) }
 
-// createWebhook installs the field notes' webhook (cert-manager's, by its chart) in the
+// createWebhook installs the webhook of docs/runbook.md's `failed calling webhook` (cert-manager's, by its chart) in the
 // test's webhook namespace; its configuration is named after that namespace.
 func (e *bridgeEnv) createWebhook() *lab.ServiceWebhook {
 	e.t.Helper()

@@ -1,4 +1,4 @@
-// Package bench is `make bench` (issue 13): for each fleet size N of BENCH_N, a fresh lab
+// Package bench is `make bench` (docs/performance.md): for each fleet size N of BENCH_N, a fresh lab
 // with audit logs, the real manager binary (GUESTNET_MANAGER_BIN) as its own process, and a
 // fleet of N guest clusters (e2e/lab.CreateFleetMember; every BENCH_BRIDGE_EVERY-th with a
 // GuestWebhookBridge). It measures the time from creation until each GuestIngress is Ready

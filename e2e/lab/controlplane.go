@@ -114,11 +114,6 @@ func (cp *ControlPlane) Server() string {
 	return "https://" + hostPort(cp.Options.Address, 6443)
 }
 
-// LogPath returns the log file of a component: "etcd", "kube-apiserver" or "kube-controller-manager".
-func (cp *ControlPlane) LogPath(component string) string {
-	return filepath.Join(cp.Options.Dir, component+".log")
-}
-
 func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.Options.Dir, name) }
 
 // AuditLogPath is the apiserver's audit log (JSON lines, one audit.k8s.io/v1 Event per

@@ -415,7 +415,7 @@ func (l *Lab) SetMachineDeploymentStatus(ctx context.Context, gc *GuestCluster, 
 // KubeVirt copies the VMI template's labels (virtualMachineTemplate.spec.template.metadata
 // .labels) to the pod and adds its own; CAPK adds its labels to that VMI template. The VM
 // object's own labels (virtualMachineTemplate.metadata.labels) are NOT copied: a Service
-// selecting by them has no endpoints (field notes, ingress break 1).
+// selecting by them has no endpoints (docs/runbook.md, "the host Service selects no worker").
 func VirtLauncherPodLabels(vmiTemplateLabels map[string]string, gc *GuestCluster, machine string, vmiUID types.UID) map[string]string {
 	labels := maps.Clone(vmiTemplateLabels)
 	if labels == nil {

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// The guest-side objects of the field notes' failures, as charts install them. Tests and the
+// The guest-side objects of the failures docs/runbook.md describes, as charts install them. Tests and the
 // demo build them here, once.
 
 // ServiceWebhook is a validating webhook that references a guest Service, as cert-manager's

@@ -1,5 +1,5 @@
 // Package scale guards, in `make test`, what guestnet's cost per guest cluster is made of, in
-// the counts that do not depend on the machine's speed (issue 13; `make bench` measures the
+// the counts that do not depend on the machine's speed (docs/performance.md; `make bench` measures the
 // times). A fleet of guest clusters is created; the manager's requests are counted from the
 // apiservers' audit logs (host and guest), not from the manager's own word.
 //
@@ -44,8 +44,8 @@ const (
 	// maxWritesPerGuestIngress bounds what creating one GuestIngress costs (events apart): the
 	// finalizer, the guest Service, pool, L2 policy and host Service (5), and one status write
 	// per step of progress it reports (guest not connected yet, applied, IP assigned, first
-	// and second worker endpoint ready: at most 5). Issue 13 asked for 6; docs/performance.md
-	// says why that would hide progress.
+	// and second worker endpoint ready: at most 5). docs/performance.md says why a target of 6
+	// would hide progress.
 	maxWritesPerGuestIngress = 10
 	// maxPolicyWritesPerGuestIngress bounds the lab policy's status writes per member: its
 	// counts of selected namespaces and admitted GuestIngresses change once each (2; a few

@@ -19,7 +19,7 @@ const (
 // by itself, which is what a service reference needs. It does when konnectivity agents are
 // ready in the guest (the apiserver then sends `cluster` egress through them), unless an
 // APIService that still references its own Service fails its discovery check: then the
-// agents are there but the path is broken, and only the bridge helps (field notes).
+// agents are there but the path is broken, and only the bridge helps (docs/runbook.md, "Konnectivity: working or broken").
 func GuestReachesServices(agents []corev1.Pod, apiServices []apiregistrationv1.APIService) Reachability {
 	ready := 0
 	for _, p := range agents {

@@ -291,7 +291,7 @@ func probeProblem(p ProbeOutcome) string {
 	}
 }
 
-// checkKonnectivity: which case the cluster is in (field notes): konnectivity agents that
+// checkKonnectivity: which case the cluster is in (docs/runbook.md, "Konnectivity: working or broken"): konnectivity agents that
 // carry the guest apiserver's calls to guest Services, agents that do not, or none.
 func checkKonnectivity(s *State) Result {
 	r := Result{Check: CheckKonnectivity}

@@ -5,18 +5,8 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-
-	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
-
-func gwb(ns, name, cluster string) *guestnetv1.GuestWebhookBridge {
-	return &guestnetv1.GuestWebhookBridge{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: "uid-1"},
-		Spec:       guestnetv1.GuestWebhookBridgeSpec{ClusterName: cluster},
-	}
-}
 
 func TestBridgeServiceNames(t *testing.T) {
 	n := strings.Repeat

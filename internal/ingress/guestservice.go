@@ -347,21 +347,6 @@ func NodePortMap(resolved []guestnetv1.IngressPortStatus) map[string]int32 {
 	return m
 }
 
-// WrongNodePorts lists the fixed spec nodePorts the guest Service does not carry (after an
-// apply, that means the guest refused them).
-func WrongNodePorts(gi *guestnetv1.GuestIngress, svc *corev1.Service) []guestnetv1.IngressPort {
-	var out []guestnetv1.IngressPort
-	for _, p := range gi.Spec.Ports {
-		if p.NodePort == nil {
-			continue
-		}
-		if sp, ok := servicePort(svc, p); ok && sp.NodePort != *p.NodePort {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // NodePortHolders names, for each fixed nodePort of gi, the other guest Services that hold
 // it: "30080 (port http) is allocated to Service projectcontour/other". The nodePort range
 // is shared by every Service and protocol of a cluster.

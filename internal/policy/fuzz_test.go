@@ -169,7 +169,7 @@ func FuzzBuilders(f *testing.F) {
 	seeds := []fuzzInput{
 		// What the quick start writes.
 		{cluster: "tenant-a", ip: "10.2.6.220", class: "io.cilium/l2-announcer", addresses: "10.2.6.0/24", pIfaces: "^eth0$", pNodeSel: "lb=true"},
-		// The attacks.
+		// The attacks of docs/security.md's threat model.
 		{cluster: "tenant-a", ip: "10.0.0.1", cidrs: "0.0.0.0/0", ifaces: "^mgmt0$", addresses: "10.2.6.0/24", pIfaces: "^eth0$"},
 		{cluster: "tenant-a", ip: "10.2.6.5", annKeys: "lbipam.cilium.io/ips,lbipam.cilium.io/sharing-key,external-dns.alpha.kubernetes.io/hostname",
 			lblKeys: "cluster.x-k8s.io/cluster-name,io.kubernetes.service.namespace", addresses: "10.2.6.0/24", pIfaces: "^eth0$",

@@ -74,12 +74,3 @@ func (w *World) Input(ctx context.Context, gi *guestnetv1.GuestIngress) (Input, 
 	}
 	return Input{GuestIngress: gi, Namespace: ns, Policies: w.Policies, Siblings: siblings, Pools: w.Pools}, nil
 }
-
-// Gather reads everything admission needs for gi from reader.
-func Gather(ctx context.Context, reader client.Reader, gi *guestnetv1.GuestIngress) (Input, error) {
-	w, err := Observe(ctx, reader)
-	if err != nil {
-		return Input{}, err
-	}
-	return w.Input(ctx, gi)
-}

@@ -21,8 +21,9 @@ import (
 )
 
 // KubevirtMachineTemplateGVK is CAPK's worker template. CAPK's Go module cannot be imported
-// next to k8s 0.37 (design notes): templates are handled as unstructured, and the embedded
-// VM spec is decoded into KubeVirt's typed structs where that helps.
+// next to guestnet's (it pins older CAPI and k8s libraries, see docs/lab.md): templates are
+// handled as unstructured, and the embedded VM spec is decoded into KubeVirt's typed structs
+// where that helps.
 var KubevirtMachineTemplateGVK = schema.GroupVersionKind{
 	Group: "infrastructure.cluster.x-k8s.io", Version: "v1alpha1", Kind: "KubevirtMachineTemplate",
 }

@@ -6,9 +6,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -19,22 +17,6 @@ func newGuestIngress() *guestnetv1.GuestIngress {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "ingress", Generation: 3},
 		Spec:       guestnetv1.GuestIngressSpec{ClusterName: "guest"},
 	}
-}
-
-func newCluster(mutate ...func(*clusterv1.Cluster)) *clusterv1.Cluster {
-	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "guest"}}
-	for _, m := range mutate {
-		m(c)
-	}
-	return c
-}
-
-func pausedAnnotation(o metav1.Object) {
-	o.SetAnnotations(map[string]string{clusterv1.PausedAnnotation: ""})
-}
-
-func provisioned(c *clusterv1.Cluster) {
-	c.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
 }
 
 func TestSetReadyCondition(t *testing.T) {

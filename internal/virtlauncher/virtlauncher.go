@@ -5,7 +5,7 @@
 // .labels) to the virt-launcher pod and adds kubevirt.io=virt-launcher; CAPK puts
 // cluster.x-k8s.io/cluster-name and cluster.x-k8s.io/role=worker on that VMI template. The VM
 // object's own labels (virtualMachineTemplate.metadata.labels) are NOT copied: a Service that
-// selects by them has no endpoints (field notes, ingress break 1). This package is the one
+// selects by them has no endpoints (docs/runbook.md, "the host Service selects no worker"). This package is the one
 // place that spells the selector; the lab's virt-launcher pods are labelled from the same
 // constants.
 package virtlauncher
