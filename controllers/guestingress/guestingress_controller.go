@@ -252,6 +252,6 @@ func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress,
 	if err != nil {
 		return err
 	}
-	record.RecordConditionChanges(r.recorder, gi, before.Status.Conditions)
+	record.Conditions(r.recorder, gi, before.Status.Conditions)
 	return nil
 }

@@ -408,7 +408,7 @@ func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
 	case err != nil:
 		return fmt.Errorf("applying Service %s in the guest: %w", key, err)
 	}
-	record.RecordWrite(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
+	record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
 		Object: applied, Repair: repairKind(gi, metrics.RepairGuestService),
 		Note: fmt.Sprintf("Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, ownership.FieldManager)})
 	res.GuestService = applied
@@ -446,7 +446,7 @@ func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
 			if !slices.Equal(gi.Status.Ports, p.Ports) {
 				repair = "" // following nodePorts the guest changed is no repair
 			}
-			record.RecordWrite(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
+			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
 				Object: svc, Repair: repair,
 				Note: fmt.Sprintf("Applied host Service %s (type %s, ports %s)", svc.Name, svc.Spec.Type, hostPorts(gi, ingress.NodePortMap(p.Ports)))})
 		}
@@ -477,7 +477,7 @@ func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live, 
 	if desired.GetKind() != ingress.PoolGVK.Kind {
 		kind = metrics.RepairL2Policy
 	}
-	record.RecordWrite(ctx, r.recorder, s.guestIngress, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
+	record.Written(ctx, r.recorder, s.guestIngress, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
 		Object: applied, Repair: repairKind(s.guestIngress, kind), Note: fmt.Sprintf("Applied %s %s", desired.GetKind(), desired.GetName())})
 	return nil
 }
@@ -556,7 +556,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		}
 	}
 	if leftBecause != "" {
-		record.RecordWrite(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeWarning, Reason: guestnetv1.GuestGoneReason, Action: eventActionDelete,
+		record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeWarning, Reason: guestnetv1.GuestGoneReason, Action: eventActionDelete,
 			Note: fmt.Sprintf("%s: guestnet released the GuestIngress without giving back what it changed in the guest. %s", leftBecause, ingress.LeftInGuest(gi))})
 	}
 	controllerutil.RemoveFinalizer(gi, guestnetv1.GuestIngressFinalizer)
@@ -603,12 +603,12 @@ func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.Gue
 		case apierrors.IsNotFound(err):
 			return true, nil
 		case apierrors.IsInvalid(err) || apierrors.IsConflict(err) || apierrors.IsBadRequest(err):
-			record.RecordWrite(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeWarning, Reason: eventRestored, Action: eventActionRestore,
+			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeWarning, Reason: eventRestored, Action: eventActionRestore,
 				Object: live, Note: fmt.Sprintf("Could not give %s back to Service %s in the guest, left as it is: %s", patch.What, key, ssa.APIErrorMessage(err))})
 		case err != nil:
 			return false, fmt.Errorf("restoring %s of Service %s in the guest: %w", patch.What, key, err)
 		default:
-			record.RecordWrite(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventRestored, Action: eventActionRestore,
+			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventRestored, Action: eventActionRestore,
 				Object: live, Note: fmt.Sprintf("Gave %s back to Service %s in the guest (what it had before guestnet changed it)", patch.What, key)})
 		}
 	}
@@ -627,7 +627,7 @@ func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.Gue
 		}
 		return false, fmt.Errorf("releasing Service %s in the guest: %w", key, err)
 	}
-	record.RecordWrite(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventReleased, Action: eventActionApply,
+	record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventReleased, Action: eventActionApply,
 		Object: live, Note: fmt.Sprintf("Gave back the fields guestnet applied to Service %s in the guest", key)})
 	return true, nil
 }
@@ -663,7 +663,7 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	record.RecordWrite(ctx, r.recorder, s.guestIngress, record.Write{Type: eventType, Reason: reason, Action: eventActionDelete,
+	record.Written(ctx, r.recorder, s.guestIngress, record.Write{Type: eventType, Reason: reason, Action: eventActionDelete,
 		Object: obj, Note: fmt.Sprintf("Deleted %s %s: %s", kindOf(obj), key, why)})
 	return nil
 }

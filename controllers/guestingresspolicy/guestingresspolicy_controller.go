@@ -164,6 +164,6 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.policy, opts...); err != nil {
 		return err
 	}
-	record.RecordConditionChanges(r.recorder, s.policy, conditionsBefore)
+	record.Conditions(r.recorder, s.policy, conditionsBefore)
 	return nil
 }

@@ -274,6 +274,6 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.bridge, opts...); err != nil {
 		return err
 	}
-	record.RecordConditionChanges(r.recorder, s.bridge, conditionsBefore)
+	record.Conditions(r.recorder, s.bridge, conditionsBefore)
 	return nil
 }

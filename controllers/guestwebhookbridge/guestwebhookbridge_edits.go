@@ -71,7 +71,7 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 			}
 		}
 		for _, reason := range reasons {
-			record.RecordWrite(ctx, r.recorder, s.bridge, record.Write{Type: corev1.EventTypeNormal, Reason: reason, Action: actionRewrite,
+			record.Written(ctx, r.recorder, s.bridge, record.Write{Type: corev1.EventTypeNormal, Reason: reason, Action: actionRewrite,
 				Object: targetObject(tps[0].Target), Note: strings.Join(notes[reason], "; "), Repair: repairs[reason]})
 		}
 	}
@@ -133,7 +133,7 @@ func wasBridged(gwb *guestnetv1.GuestWebhookBridge, t bridge.Target) bool {
 // on the bridge (related: the object written, or nil); repair is set when the write puts back
 // what someone else changed (record.Write).
 func (r *Reconciler) recordWrite(ctx context.Context, gwb *guestnetv1.GuestWebhookBridge, related client.Object, eventType, reason, action, note string, repair metrics.RepairKind) {
-	record.RecordWrite(ctx, r.recorder, gwb, record.Write{Type: eventType, Reason: reason, Action: action, Object: related, Note: note, Repair: repair})
+	record.Written(ctx, r.recorder, gwb, record.Write{Type: eventType, Reason: reason, Action: action, Object: related, Note: note, Repair: repair})
 }
 
 // repairKind is kind when applying a Service of backend hostService now puts back what someone

@@ -73,7 +73,7 @@ func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) er
 		case err != nil:
 			return fmt.Errorf("creating KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
 		default:
-			record.RecordWrite(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateCreated", Action: "DeclarePorts",
+			record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateCreated", Action: "DeclarePorts",
 				Object: tmpl, Note: fmt.Sprintf("Created KubevirtMachineTemplate %s: a copy of %s that declares %s", tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))})
 		}
 	}
@@ -95,7 +95,7 @@ func (r *Reconciler) repoint(ctx context.Context, s *scope, w *ports.Workers) er
 		return fmt.Errorf("repointing MachineDeployment %s at KubevirtMachineTemplate %s: %w", md.Name, tmpl.GetName(), err)
 	}
 	metrics.WorkerRolloutTriggered()
-	record.RecordWrite(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: "WorkerPortsDeclared", Action: "DeclarePorts",
+	record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: "WorkerPortsDeclared", Action: "DeclarePorts",
 		Object: md, Note: fmt.Sprintf("MachineDeployment %s now uses KubevirtMachineTemplate %s (was %s), which declares %s; CAPI rolls the workers",
 			md.Name, tmpl.GetName(), w.Template.GetName(), describeChange(w.Analysis.Missing, w.Plan.Revision))})
 	return nil
@@ -161,7 +161,7 @@ func (r *Reconciler) deleteUnusedTemplates(ctx context.Context, s *scope) error 
 		if err != nil {
 			return fmt.Errorf("deleting unused KubevirtMachineTemplate %s: %w", tmpl.GetName(), err)
 		}
-		record.RecordWrite(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateDeleted", Action: "DeclarePorts",
+		record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: "WorkerTemplateDeleted", Action: "DeclarePorts",
 			Object: tmpl, Note: fmt.Sprintf("Deleted KubevirtMachineTemplate %s: guestnet generated it and no MachineDeployment or MachineSet references it any more", tmpl.GetName())})
 	}
 	return nil

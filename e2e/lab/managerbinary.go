@@ -186,7 +186,7 @@ func ManagerBinaryPath() (string, error) {
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=-mod=mod")
 		if msg, err := cmd.CombinedOutput(); err != nil {
-			managerBinary.err = fmt.Errorf("building the manager binary (or set GUESTNET_MANAGER_BIN): %v: %s", err, strings.TrimSpace(string(msg)))
+			managerBinary.err = fmt.Errorf("building the manager binary (or set GUESTNET_MANAGER_BIN): %w: %s", err, strings.TrimSpace(string(msg)))
 			return
 		}
 		managerBinary.path = out

@@ -477,7 +477,7 @@ func (e *env) eventuallyEvent(cluster *clusterv1.Cluster, eventType, reason, not
 }
 
 // setupTopologyVariables registers the topology variables controller on mgr, as main.go does.
-func setupTopologyVariables(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+func setupTopologyVariables(ctx context.Context, mgr ctrl.Manager, _ clustercache.ClusterCache, o manager.Options) error {
 	return (&topology.Reconciler{
 		Client:           mgr.GetClient(),
 		WatchFilterValue: o.WatchFilterValue,

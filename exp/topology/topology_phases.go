@@ -106,10 +106,10 @@ func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[
 	// desired holds the apiserver's answer.
 	switch {
 	case live == nil:
-		record.RecordWrite(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonCreated, Action: eventAction,
+		record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonCreated, Action: eventAction,
 			Object: desired, Note: fmt.Sprintf("Created %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))})
 	case desired.GetGeneration() != live.GetGeneration():
-		record.RecordWrite(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonUpdated, Action: eventAction,
+		record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonUpdated, Action: eventAction,
 			Object: desired, Note: fmt.Sprintf("Updated %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))})
 	}
 	return nil
@@ -140,7 +140,7 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, kind string, liv
 		}
 		return fmt.Errorf("deleting %s %s/%s: %w", kind, live.GetNamespace(), live.GetName(), err)
 	}
-	record.RecordWrite(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonDeleted, Action: eventAction,
+	record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonDeleted, Action: eventAction,
 		Object: live, Note: fmt.Sprintf("Deleted %s %s: the topology variable %s has no %s any more", kind, live.GetName(), VariableName, fieldOf(kind))})
 	return nil
 }

@@ -89,10 +89,10 @@ func eventType(c metav1.Condition) string {
 	return corev1.EventTypeNormal
 }
 
-// RecordConditionChanges records an event on obj for each condition that changed since
+// Conditions records an event on obj for each condition that changed since
 // before, so `kubectl describe` and `kubectl get events` tell the story of the object, and
 // counts the changes the metrics count (conflicts and policy refusals, once per change).
-func RecordConditionChanges(recorder events.EventRecorder, obj status.Object, before []metav1.Condition) {
+func Conditions(recorder events.EventRecorder, obj status.Object, before []metav1.Condition) {
 	for _, e := range ConditionChanges(before, obj.GetConditions()) {
 		recorder.Eventf(obj, nil, e.Type, e.Reason, e.Action, "%s", e.Note)
 	}
@@ -120,11 +120,11 @@ type Write struct {
 // maxWriteNote keeps a write's note within the 1 kB events.k8s.io allows.
 const maxWriteNote = 1000
 
-// RecordWrite logs w at the default level, with the object, why, and the object it was made
+// Written logs w at the default level, with the object, why, and the object it was made
 // for (regarding), records it as an event on regarding, and counts it when it is a repair:
 // every write guestnet makes goes through here, as CAPI's controllers log and record theirs.
 // A nil recorder (unit tests) only logs.
-func RecordWrite(ctx context.Context, recorder events.EventRecorder, regarding client.Object, w Write) {
+func Written(ctx context.Context, recorder events.EventRecorder, regarding client.Object, w Write) {
 	log := ctrl.LoggerFrom(ctx).WithCallDepth(1) // the line of the caller, not this one
 	kv := []any{"reason", w.Reason, "action", w.Action}
 	if w.Object != nil {

@@ -94,13 +94,13 @@ func TestConditionChangesTruncatesLongNotes(t *testing.T) {
 	g.Expect(changes[0].Note).To(HaveSuffix("..."))
 }
 
-func TestRecordConditionChanges(t *testing.T) {
+func TestConditions(t *testing.T) {
 	g := NewWithT(t)
 	recorder := events.NewFakeRecorder(10)
 	obj := newGuestIngress()
 	clusterscope.SetClusterAvailableCondition(obj, nil, nil)
 
-	RecordConditionChanges(recorder, obj, nil)
+	Conditions(recorder, obj, nil)
 
 	g.Expect(recorder.Events).To(Receive(And(
 		ContainSubstring(corev1.EventTypeWarning),

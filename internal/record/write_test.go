@@ -19,7 +19,7 @@ import (
 
 // A write is logged at the default level with the object's kind and name and why, recorded
 // as an event, and counted when it is a repair.
-func TestRecordWrite(t *testing.T) {
+func TestWritten(t *testing.T) {
 	g := NewWithT(t)
 	var lines []string
 	log := funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
@@ -44,9 +44,9 @@ func TestRecordWrite(t *testing.T) {
 	}
 	before := repairs()
 
-	RecordWrite(ctx, recorder, gi, Write{Type: corev1.EventTypeNormal, Reason: "Applied", Action: "Apply", Object: svc,
+	Written(ctx, recorder, gi, Write{Type: corev1.EventTypeNormal, Reason: "Applied", Action: "Apply", Object: svc,
 		Note: "Applied host Service tenant-a-web", Repair: metrics.RepairHostService})
-	RecordWrite(ctx, recorder, gi, Write{Type: corev1.EventTypeNormal, Reason: "Deleted", Action: "Delete", Note: "Deleted it"})
+	Written(ctx, recorder, gi, Write{Type: corev1.EventTypeNormal, Reason: "Deleted", Action: "Delete", Note: "Deleted it"})
 
 	g.Expect(lines).To(HaveLen(2))
 	g.Expect(lines[0]).To(And(ContainSubstring(`"level"=0 "msg"="Applied host Service tenant-a-web"`), ContainSubstring(`"reason"="Applied"`),
