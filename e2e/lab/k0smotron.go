@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -92,8 +94,12 @@ type K0smotronStandIn struct {
 func (l *Lab) StartK0smotronStandIn(ctx context.Context, ns string) (*K0smotronStandIn, error) {
 	s, err := startStandIn(ctx, l, "k0smotron-stand-in-"+ns, l.Host.Config, func(mgr ctrl.Manager, log logr.Logger) (func(), error) {
 		cp := newUnstructured(controlPlaneGVK)
+		var kubeconfig []byte
+		if l.Guest != nil {
+			kubeconfig = l.Guest.Kubeconfig
+		}
 		return func() {}, ctrl.NewControllerManagedBy(mgr).Named("k0smotron-controlplane-" + ns).For(cp).
-			Complete(&controlPlaneStandIn{c: mgr.GetClient(), ns: ns, log: log})
+			Complete(&controlPlaneStandIn{c: mgr.GetClient(), ns: ns, kubeconfig: kubeconfig, log: log})
 	})
 	if err != nil {
 		return nil, err
@@ -106,16 +112,19 @@ func (l *Lab) StartK0smotronStandIn(ctx context.Context, ns string) (*K0smotronS
 // Stop stops the stand-in; what it wrote stays.
 func (k *K0smotronStandIn) Stop() { k.once.Do(k.standIn.Stop) }
 
-// controlPlaneStandIn plays k0smotron's control plane controller for the status CAPI reads
+// controlPlaneStandIn plays k0smotron's control plane controller for what CAPI reads
 // (contract v1beta1): the hosted control plane is initialized, ready and externally managed
 // (its apiserver is pods of the host, not Machines), at spec.version, with spec.replicas
 // replicas all ready, up to date and available. CAPI's topology controller creates the
 // workers' MachineDeployments only once the control plane is so (not provisioning, not
-// upgrading, not scaling).
+// upgrading, not scaling). Its apiserver is the lab's guest (every Cluster's): the
+// <cluster>-kubeconfig Secret k0smotron writes points at it, so CAPI's (and guestnet's)
+// connection to the workload cluster works.
 type controlPlaneStandIn struct {
-	c   client.Client
-	ns  string
-	log logr.Logger
+	c          client.Client
+	ns         string
+	kubeconfig []byte
+	log        logr.Logger
 }
 
 func (r *controlPlaneStandIn) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -137,6 +146,16 @@ func (r *controlPlaneStandIn) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	if version != "" {
 		status["version"] = version
+	}
+	if cluster := cp.GetLabels()[clusterv1.ClusterNameLabel]; cluster != "" && r.kubeconfig != nil {
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: cp.GetNamespace(), Name: cluster + "-kubeconfig", Labels: map[string]string{clusterv1.ClusterNameLabel: cluster}},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{"value": r.kubeconfig},
+		}
+		if err := r.c.Create(ctx, secret); client.IgnoreAlreadyExists(err) != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if current, _, _ := unstructured.NestedMap(cp.Object, "status"); equality.Semantic.DeepEqual(current, status) {
 		return ctrl.Result{}, nil
