@@ -235,12 +235,12 @@ webhookBridge: {apiServices: {all: true}}`,
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			g := NewWithT(t)
+			e := e.forSubtest(t)
 			cluster := clusters[i]
 			if tc.extra == nil {
 				w := e.eventuallyWorkers(cluster, func(Gomega, ports.Workers) {})
-				g.Expect(w.Analysis.State).To(Equal(ports.AllPortsForwarded))
-				g.Expect(w.Template.Object["spec"]).To(Equal(e.classTemplateSpec()))
+				e.g.Expect(w.Analysis.State).To(Equal(ports.AllPortsForwarded))
+				e.g.Expect(w.Template.Object["spec"]).To(Equal(e.classTemplateSpec()))
 				return
 			}
 			e.eventuallyDeclared(cluster, "", tc.extra, func(g Gomega, gi *guestnetv1.GuestIngress, gwb *guestnetv1.GuestWebhookBridge) {
@@ -415,6 +415,15 @@ func newTopologyEnv(t *testing.T, prefix string) *topologyEnv {
 	e.g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(k0s.Stop)
 	return e
+}
+
+// forSubtest is the env for subtest t (its failures are t's).
+func (e *topologyEnv) forSubtest(t *testing.T) *topologyEnv {
+	sub := *e
+	sub.t, sub.g = t, NewWithT(t)
+	sub.g.SetDefaultEventuallyTimeout(topologyTimeout)
+	sub.g.SetDefaultEventuallyPollingInterval(200 * time.Millisecond)
+	return &sub
 }
 
 // createClusterClass creates the objects of the ClusterClass file, as they are, but for the
