@@ -352,14 +352,13 @@ func TestClusterctlTemplateFlavors(t *testing.T) {
 				g.Expect(dryRunApply(ctx, l.Host.Client, o, nil)).To(Succeed(), "dry-run apply of %s %s", o.GetKind(), o.GetName())
 			}
 			// The references between the objects of the flavor resolve within it, but for the
-			// ClusterClass of the topology flavor (in its own file) and the k0smotron templates
-			// of the ClusterClass, which its file leaves out.
+			// ClusterClass of the topology flavor (in its own file). The ClusterClass's file
+			// holds every template it refers to, k0smotron's too: CAPI's ClusterClass
+			// controller reconciles no ClusterClass with a template missing.
 			for _, ref := range flavorReferences(t, objs) {
-				kind, _, _ := strings.Cut(ref, "/")
 				switch {
 				case present[ref]:
 				case ref == "ClusterClass/"+className:
-				case filepath.Base(file) == clusterClassFile && slices.Contains(k0smotronKinds, kind):
 				default:
 					t.Errorf("reference to %s, which the flavor does not contain", ref)
 				}
@@ -371,22 +370,20 @@ func TestClusterctlTemplateFlavors(t *testing.T) {
 	}
 }
 
-// The topology flavor's Cluster is valid for the ClusterClass (CAPI's own variable defaulting
-// and validation, e2e/templates_test.go), and the ClusterClass's patch, applied as CAPI's
-// topology controller applies it with the flavor's `guestnet` variable, makes the workers
-// declare exactly what guestnet requires for the flavor's GuestIngress and GuestWebhookBridge
-// (as the apiserver defaults them), with the guest Cilium's default VXLAN tunnel: what their
+// The topology flavor, applied next to the ClusterClass with the real CAPI running (its
+// Cluster webhook validates the flavor's variables, its topology controller evaluates the
+// ClusterClass's patch with them, e2e/templates_test.go), makes the workers declare exactly
+// what guestnet requires for the flavor's GuestIngress and GuestWebhookBridge (as the
+// apiserver stores them), with the guest Cilium's default VXLAN tunnel: what their
 // PortsDeclared condition checks. The default flavor's worker template is one guestnet's worker
 // ports controller can declare ports on (masquerade, no ports list yet).
 func TestClusterctlTemplateWorkerPorts(t *testing.T) {
-	g := NewWithT(t)
-	l := startLab(t)
-	ctx := testContext(t)
+	e := newTopologyEnv(t, "flavor-ports")
+	g := e.g
 	root, err := lab.RepoRoot()
 	g.Expect(err).NotTo(HaveOccurred())
-	cc := newClusterctl(t, l)
-	ns := uniqueName("flavor-ports")
-	g.Expect(l.Host.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	cc := newClusterctl(t, e.l)
+	e.createClusterClass()
 
 	// What guestnet requires for a flavor: base ports, the tunnel, its two objects as the
 	// apiserver defaults them.
@@ -398,37 +395,40 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 			switch o.GetKind() {
 			case "GuestIngress":
 				gi := &guestnetv1.GuestIngress{}
-				g.Expect(dryRunApply(ctx, l.Host.Client, o.DeepCopy(), gi)).To(Succeed())
+				g.Expect(dryRunApply(e.ctx, e.c, o.DeepCopy(), gi)).To(Succeed())
 				set = set.Union(ports.ForGuestIngress(gi))
 			case "GuestWebhookBridge":
 				gwb := &guestnetv1.GuestWebhookBridge{}
-				g.Expect(dryRunApply(ctx, l.Host.Client, o.DeepCopy(), gwb)).To(Succeed())
+				g.Expect(dryRunApply(e.ctx, e.c, o.DeepCopy(), gwb)).To(Succeed())
 				set = set.Union(ports.ForBridge(gwb))
 			}
 		}
 		return set
 	}
 
-	class, classWorker := loadClusterClass(t)
-	topology, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template-topology.yaml"), ns)
-	want := required(topology)
+	objs, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template-topology.yaml"), e.ns)
+	want := required(objs)
 	var cluster *clusterv1.Cluster
-	for _, o := range topology {
-		if o.GetKind() == "Cluster" {
-			cluster = &clusterv1.Cluster{}
-			g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, cluster)).To(Succeed())
+	for _, o := range objs {
+		if o.GetKind() != "Cluster" {
+			continue
 		}
+		cluster = &clusterv1.Cluster{}
+		g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, cluster)).To(Succeed())
+		g.Expect(cluster.Spec.Topology.ClassRef.Name).To(Equal(clusterClassName))
+		lab.ForRealCAPITopology(cluster, e.filter)
+		g.Expect(e.c.Create(e.ctx, cluster)).To(Succeed(), "CAPI accepts the flavor's variables")
 	}
 	g.Expect(cluster).NotTo(BeNil())
-	g.Expect(cluster.Spec.Topology.ClassRef.Name).To(Equal(class.Name))
-	g.Expect(capiDefaultAndValidate(t, class, cluster)).To(BeEmpty(), "CAPI accepts the flavor's variables")
-	patched := applyClusterPatches(t, class, cluster, classWorker)
-	after, err := ports.Analyze(patched, want)
+	w := e.eventuallyWorkers(cluster, func(g Gomega, w ports.Workers) {
+		g.Expect(w.Analysis.State).NotTo(Equal(ports.AllPortsForwarded), "patched")
+	})
+	after, err := ports.Analyze(w.Template, want)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(after.State).To(Equal(ports.PortsDeclared), "%s", after)
 	g.Expect(after.Declared).To(Equal(want.Ports()), "the workers declare what guestnet requires (%s), nothing else", want)
 
-	plain, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template.yaml"), ns)
+	plain, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template.yaml"), e.ns)
 	var worker *unstructured.Unstructured
 	for _, o := range plain {
 		if o.GroupVersionKind() == ports.KubevirtMachineTemplateGVK {
@@ -448,8 +448,6 @@ var withoutCRDInLab = map[schema.GroupKind]bool{
 	{Group: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlaneTemplate"}: true,
 	{Group: "bootstrap.cluster.x-k8s.io", Kind: "K0sWorkerConfigTemplate"}:          true,
 }
-
-var k0smotronKinds = []string{"K0smotronControlPlane", "K0smotronControlPlaneTemplate", "K0sWorkerConfigTemplate"}
 
 // renderFlavor runs `clusterctl generate cluster` on a template file with the variables a
 // user sets, and returns the objects and the `--list-variables` output (of the template

@@ -8,118 +8,178 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
-	jsonpatch "github.com/evanphx/json-patch/v5"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	runtimehooksv1 "sigs.k8s.io/cluster-api/api/runtime/hooks/v1alpha1"
-	"sigs.k8s.io/cluster-api/core/reconcilers/topology/cluster/patches/inline"
-	patchvariables "sigs.k8s.io/cluster-api/core/reconcilers/topology/cluster/patches/variables"
-	capiadmission "sigs.k8s.io/cluster-api/core/webhooks/admission"
-	capifeature "sigs.k8s.io/cluster-api/feature"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
-// The ClusterClass tests use CAPI's own code wherever CAPI would run it: its ClusterClass
-// validation webhook, its variable defaulting and validation (the Cluster webhook), its
-// builtin variables and its inline JSON patch generator (enabledIf and valueFrom.template
-// rendered with text/template and sprig's hermetic functions, as in CAPI v1.14). Only CAPI's
-// controllers do not run; the lab's host apiserver, with the CAPI, CAPK and guestnet CRDs,
-// judges the objects.
+// The ClusterClass in templates/ against the real Cluster API: the core manager
+// (lab.StartCAPI, ClusterTopology on, its admission webhooks serving the test's namespace)
+// validates the ClusterClass and every Cluster's variables, its ClusterClass controller
+// computes the ClusterClass's status.variables, and its topology controller evaluates the
+// guestnet-worker-ports patch and creates each Cluster's objects: the KubevirtCluster, the
+// control plane (k0smotron's, played by lab.StartK0smotronStandIn), the MachineDeployment and
+// its KubevirtMachineTemplate, whose every change the MachineDeployment controller rolls out
+// through a new MachineSet. Nothing provisions the Machines: a rollout starts and goes no
+// further, which is all the patch has to cause. guestnet's topology controller (exp/topology)
+// makes the GuestIngress and GuestWebhookBridge from the same variable.
 
-const clusterClassFile = "clusterclass-kubevirt-guestnet.yaml"
+const (
+	clusterClassFile = "clusterclass-kubevirt-guestnet.yaml"
+	clusterClassName = "kubevirt-guestnet"
+	// classWorkerTemplate is the ClusterClass's KubevirtMachineTemplate of default-worker.
+	classWorkerTemplate = "kubevirt-guestnet-worker"
+)
 
-// The ClusterClass in templates/ and its templates are accepted by the real host apiserver
-// with the CAPI and CAPK CRDs installed (objects whose CRDs the lab lacks, k0smotron's, are
-// not in the file).
-func TestClusterClassAcceptedByTheAPIServer(t *testing.T) {
-	g := NewWithT(t)
-	l := startLab(t)
-	ctx := testContext(t)
-	ns := uniqueName("clusterclass")
-	g.Expect(l.Host.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+// The ClusterClass file, applied as it is, is accepted by the host apiserver (CAPI, CAPK and
+// the lab's k0smotron stand-in CRDs) and by CAPI's ClusterClass webhook (structural variable
+// schema, CEL rules within CAPI's cost limits, a patch that selects a template of the class,
+// enabledIf and valueFrom.template that parse), and CAPI's ClusterClass controller reconciles
+// it: every template it refers to exists (the file carries them all), and the guestnet
+// variable is published in status.variables with the schema of the file.
+func TestClusterClassAcceptedAndReconciledByCAPI(t *testing.T) {
+	e := newTopologyEnv(t, "clusterclass")
+	cc := e.createClusterClass()
+	e.g.Expect(cc.Status.Variables).To(HaveLen(1))
+	v := cc.Status.Variables[0]
+	e.g.Expect(v.Name).To(Equal(topology.VariableName))
+	e.g.Expect(v.Definitions).To(HaveLen(1))
+	e.g.Expect(v.Definitions[0].From).To(Equal(clusterv1.VariableDefinitionFromInline))
+	e.g.Expect(v.Definitions[0].Schema).To(Equal(cc.Spec.Variables[0].Schema))
 	for _, o := range readTemplateObjects(t, clusterClassFile) {
-		o.SetNamespace(ns)
-		g.Expect(l.Host.Client.Create(ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
+		if o.GetKind() == "ClusterClass" {
+			continue
+		}
+		owned := &unstructured.Unstructured{}
+		owned.SetGroupVersionKind(o.GroupVersionKind())
+		e.g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: o.GetName()}, owned)).To(Succeed())
+		e.g.Expect(owned.GetOwnerReferences()).To(ContainElement(HaveField("Name", clusterClassName)), "%s %s is the ClusterClass's", o.GetKind(), o.GetName())
 	}
 }
 
-// CAPI's ClusterClass webhook accepts the ClusterClass: the variable schema is structural,
-// its CEL rules compile within CAPI's cost limits, the patch selects a template of the class
-// and its enabledIf and valueFrom.template parse with CAPI's function set.
-func TestClusterClassAcceptedByCAPIValidation(t *testing.T) {
-	g := NewWithT(t)
-	cc, _ := loadClusterClass(t)
-	enableCAPIClusterTopology(t)
-	_, err := (&capiadmission.ClusterClass{}).ValidateCreate(testContext(t), cc)
-	g.Expect(err).NotTo(HaveOccurred())
+// The guestnet variable drives both sides through the real controllers. Without it CAPI
+// creates the workers from the class's template as it is (no ports list), with the
+// KubevirtCluster marked as k0smotron's (no load balancer of CAPK) and the control plane at
+// the topology's version. Setting it makes guestnet create the GuestIngress and
+// GuestWebhookBridge and CAPI's patch declare on the workers exactly what guestnet requires
+// for them (22/TCP, 10250/TCP, workerPorts, the ingress nodePorts, the bridge range): CAPI
+// writes a new KubevirtMachineTemplate (<cluster>-md-0-<random>), repoints the
+// MachineDeployment and starts a rollout (a new MachineSet on it), and guestnet's reading of
+// the workers (ports.ListWorkers, as the PortsDeclared conditions read them) finds that
+// template, topology-owned, with every port declared. Changing the value does all of it
+// again; removing it deletes the guestnet objects and rolls the workers back to no ports list.
+func TestClusterClassTopologyVariableRollsTheWorkersAndDrivesTheGuestnetObjects(t *testing.T) {
+	e := newTopologyEnv(t, "clusterclass-topology")
+	e.createClusterClass()
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns, WatchFilterValue: e.filter}, manager.SetupTopologyVariables)
+	cluster := e.createCluster("tenant-a", nil, 2)
+
+	// No variable: the class's template as it is, two Machines of one MachineSet.
+	w0 := e.eventuallyWorkers(cluster, func(g Gomega, w ports.Workers) {
+		g.Expect(e.machineSetTemplates(g, cluster)).To(Equal(map[string]int32{w.Template.GetName(): 2}))
+	})
+	t0 := w0.Template.GetName()
+	e.g.Expect(w0.TopologyOwned()).To(BeTrue())
+	e.g.Expect(w0.MachineDeployment.Name).To(MatchRegexp(`^tenant-a-md-0-[a-z0-9]{5}$`))
+	e.g.Expect(w0.MachineDeployment.Labels).To(HaveKeyWithValue(clusterv1.WatchLabel, e.filter))
+	e.g.Expect(t0).To(MatchRegexp(`^tenant-a-md-0-[a-z0-9]{5}$`))
+	e.g.Expect(w0.Template.GetAnnotations()).To(HaveKeyWithValue(clusterv1.TemplateClonedFromNameAnnotation, classWorkerTemplate))
+	e.g.Expect(w0.Template.GetLabels()).To(HaveKeyWithValue(clusterv1.ClusterTopologyMachineDeploymentNameLabel, "md-0"))
+	e.g.Expect(w0.Analysis.State).To(Equal(ports.AllPortsForwarded))
+	e.g.Expect(w0.Template.Object["spec"]).To(Equal(e.classTemplateSpec()), "unset variable: patch disabled")
+	e.expectClusterObjects(cluster)
+	e.expectNoGuestnetObjects(cluster)
+
+	// Set the variable.
+	e.setVariable(cluster, yamlValue(t, `
+workerPorts: [{port: 8472, protocol: UDP}]
+ingress:
+  guestService: {namespace: projectcontour, name: envoy}
+  ports: [{name: http, port: 80, nodePort: 30080}, {name: https, port: 443, nodePort: 30443}]
+  loadBalancer: {ip: 10.2.6.220}
+webhookBridge:
+  apiServices: {names: [v1beta1.metrics.k8s.io]}`))
+	t1 := e.eventuallyDeclared(cluster, t0, []ports.Port{ports.UDP(8472)}, func(g Gomega, gi *guestnetv1.GuestIngress, gwb *guestnetv1.GuestWebhookBridge) {
+		g.Expect(gi).NotTo(BeNil())
+		g.Expect(gwb).NotTo(BeNil())
+		g.Expect(gi.Spec.Ports).To(HaveLen(2))
+		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 30064, Size: 16}))
+	})
+	e.g.Eventually(func(g Gomega) map[string]int32 { return e.machineSetTemplates(g, cluster) }).
+		Should(Equal(map[string]int32{t0: 2, t1: 1}), "the rollout starts: one Machine surged on the new template")
+
+	// Change it: another nodePort, another bridge range.
+	e.setVariable(cluster, yamlValue(t, `
+workerPorts: [{port: 8472, protocol: UDP}]
+ingress:
+  guestService: {namespace: projectcontour, name: envoy}
+  ports: [{name: http, port: 80, nodePort: 30080}, {name: https, port: 443, nodePort: 30444}]
+  loadBalancer: {ip: 10.2.6.220}
+webhookBridge:
+  apiServices: {names: [v1beta1.metrics.k8s.io]}
+  nodePortRange: {start: 31000, size: 4}`))
+	t2 := e.eventuallyDeclared(cluster, t1, []ports.Port{ports.UDP(8472)}, func(g Gomega, gi *guestnetv1.GuestIngress, gwb *guestnetv1.GuestWebhookBridge) {
+		g.Expect(gi).NotTo(BeNil())
+		g.Expect(gwb).NotTo(BeNil())
+		g.Expect(gi.Spec.Ports[1].NodePort).To(Equal(ptr.To[int32](30444)))
+		g.Expect(gwb.Spec.NodePortRange).To(Equal(guestnetv1.NodePortRange{Start: 31000, Size: 4}))
+	})
+	e.g.Expect(t2).NotTo(Equal(t0))
+	e.g.Eventually(func(g Gomega) map[string]int32 { return e.machineSetTemplates(g, cluster) }).
+		Should(HaveKeyWithValue(t2, BeEquivalentTo(1)), "a new MachineSet for the new template")
+
+	// Remove it: the guestnet objects go, the workers keep no ports list again.
+	e.setVariable(cluster, nil)
+	e.expectNoGuestnetObjects(cluster)
+	w3 := e.eventuallyWorkers(cluster, func(g Gomega, w ports.Workers) {
+		g.Expect(w.Template.GetName()).NotTo(BeElementOf(t0, t1, t2))
+		g.Expect(w.Analysis.State).To(Equal(ports.AllPortsForwarded))
+	})
+	e.g.Expect(w3.Template.Object["spec"]).To(Equal(e.classTemplateSpec()))
+	e.g.Eventually(func(g Gomega) map[string]int32 { return e.machineSetTemplates(g, cluster) }).
+		Should(HaveKeyWithValue(w3.Template.GetName(), BeEquivalentTo(1)))
 }
 
-// The ClusterClass's guestnet-worker-ports patch, applied the way CAPI's topology controller
-// applies it, declares exactly the value the PortsDeclared condition tells users to set, and
-// the patched template is valid for the apiserver.
-func TestClusterClassWorkerPortsPatch(t *testing.T) {
-	g := NewWithT(t)
-	cc, workerTemplate := loadClusterClass(t)
-
-	required := ports.Base().Union(ports.NewSet(
-		ports.Requirement{Port: ports.UDP(8473)}, ports.Requirement{Port: ports.TCP(30080)}, ports.Requirement{Port: ports.TCP(30443)}))
-	var value any
-	g.Expect(json.Unmarshal([]byte(ports.TopologyValue(required.Ports())), &value)).To(Succeed())
-
-	before, err := ports.Analyze(workerTemplate, required)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(before.State).To(Equal(ports.AllPortsForwarded), "without the variable the template keeps no ports list")
-	g.Expect(applyClusterPatches(t, cc, topologyCluster(t, cc, "tenant-a", nil), workerTemplate)).To(Equal(workerTemplate), "unset variable: patch disabled")
-
-	cluster := topologyCluster(t, cc, "tenant-a", value)
-	g.Expect(capiDefaultAndValidate(t, cc, cluster)).To(BeEmpty(), "CAPI accepts the value PortsDeclared gives")
-	patched := applyClusterPatches(t, cc, cluster, workerTemplate)
-	after, err := ports.Analyze(patched, required)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(after.State).To(Equal(ports.PortsDeclared))
-	g.Expect(after.Declared).To(Equal(required.Ports()), "every port once, in port order")
-
-	l := startLab(t)
-	ctx := testContext(t)
-	ns := uniqueName("clusterclass-patch")
-	g.Expect(l.Host.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	patched.SetNamespace(ns)
-	g.Expect(l.Host.Client.Create(ctx, patched, client.DryRunAll)).To(Succeed(), "the patched template is valid for CAPK's CRD")
-}
-
-// One variable drives both sides. For a value with workerPorts, ingress and webhookBridge,
-// the patch declares on the workers exactly what guestnet requires of the GuestIngress and
-// GuestWebhookBridge the topology controller makes from the same value (as the apiserver
-// stores them, CRD defaults included): 22/TCP, 10250/TCP, workerPorts, each ingress nodePort
-// and the whole bridge range, each once, in port order; the patched template is valid for
-// CAPK's CRD. Without workerPorts the workers keep no ports list, whatever else the value has.
+// For every value, CAPI's patch declares on the workers exactly what guestnet requires of the
+// GuestIngress and GuestWebhookBridge its topology controller makes from the same value, as
+// the apiserver stores them (CRD defaults included): 22/TCP, 10250/TCP, workerPorts, each
+// ingress nodePort and the whole bridge range, each once, in port order, and CAPK's CRD
+// accepts the patched template (CAPI creates it). That includes the value the PortsDeclared
+// condition tells users to set (ports.TopologyValue). Without workerPorts the workers keep
+// the class's template as it is, whatever else the value has.
 func TestClusterClassPatchDeclaresThePortsOfTheGuestnetObjects(t *testing.T) {
-	cc, workerTemplate := loadClusterClass(t)
-	l := startLab(t)
-	ctx := testContext(t)
-	ns := uniqueName("clusterclass-objects")
-	NewWithT(t).Expect(l.Host.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	e := newTopologyEnv(t, "clusterclass-objects")
+	e.createClusterClass()
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns, WatchFilterValue: e.filter}, manager.SetupTopologyVariables)
 
+	conditionValue := ports.TopologyValue(ports.Base().Union(ports.NewSet(
+		ports.Requirement{Port: ports.UDP(8473)}, ports.Requirement{Port: ports.TCP(30080)}, ports.Requirement{Port: ports.TCP(30443)})).Ports())
 	tests := []struct {
 		name  string
 		value string
 		// extra are the workerPorts; nil means the value has none.
 		extra []ports.Port
+		// objects: whether the value makes a GuestIngress and a GuestWebhookBridge.
+		objects bool
 	}{
 		{
 			name: "ingress with TCP and UDP nodePorts, bridge with its default range, ports given twice",
@@ -136,7 +196,8 @@ ingress:
 webhookBridge:
   apiServices: {names: [v1beta1.metrics.k8s.io]}
   validatingWebhooks: {all: true}`,
-			extra: []ports.Port{ports.UDP(8472), ports.TCP(22), ports.TCP(30064)},
+			extra:   []ports.Port{ports.UDP(8472), ports.TCP(22), ports.TCP(30064)},
+			objects: true,
 		},
 		{
 			name: "bridge with its own range up to 32767, ingress with the default ports (no nodePorts)",
@@ -149,7 +210,13 @@ webhookBridge:
   mutatingWebhooks: {selector: {matchLabels: {app: kyverno}}}
   nodePortRange: {start: 32760, size: 8}
   mode: Always`,
-			extra: []ports.Port{ports.TCP(9100)},
+			extra:   []ports.Port{ports.TCP(9100)},
+			objects: true,
+		},
+		{
+			name:  "the value the PortsDeclared condition gives",
+			value: conditionValue,
+			extra: []ports.Port{ports.TCP(22), ports.TCP(10250), ports.UDP(8473), ports.TCP(30080), ports.TCP(30443)},
 		},
 		{
 			name: "no workerPorts: no ports list",
@@ -161,56 +228,39 @@ ingress:
 webhookBridge: {apiServices: {all: true}}`,
 		},
 	}
+	// All Clusters at once: CAPI works on them side by side.
+	clusters := make([]*clusterv1.Cluster, len(tests))
+	for i, tc := range tests {
+		clusters[i] = e.createCluster(fmt.Sprintf("tenant-%d", i), yamlValue(t, tc.value), 1)
+	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			g := NewWithT(t)
-			cluster := topologyCluster(t, cc, fmt.Sprintf("tenant-%d", i), yamlValue(t, tc.value))
-			cluster.Namespace, cluster.UID = ns, types.UID(fmt.Sprintf("uid-%d", i))
-			g.Expect(capiDefaultAndValidate(t, cc, cluster)).To(BeEmpty(), "CAPI accepts the value")
-
-			// The objects the topology controller makes from the value, as the apiserver
-			// defaults and stores them, and what guestnet requires for them.
-			variable, found, err := topology.VariableOf(cluster)
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(found).To(BeTrue())
-			gi, gwb := &guestnetv1.GuestIngress{}, &guestnetv1.GuestWebhookBridge{}
-			g.Expect(dryRunApply(ctx, l.Host.Client, topology.Desired(topology.GuestIngressKind, cluster, variable.Ingress, ""), gi)).To(Succeed())
-			g.Expect(dryRunApply(ctx, l.Host.Client, topology.Desired(topology.GuestWebhookBridgeKind, cluster, variable.WebhookBridge, ""), gwb)).To(Succeed())
-			required := ports.Base().Union(ports.ForGuestIngress(gi)).Union(ports.ForBridge(gwb))
-			for _, p := range tc.extra {
-				required = required.Union(ports.NewSet(ports.Requirement{Port: p}))
-			}
-
-			patched := applyClusterPatches(t, cc, cluster, workerTemplate)
-			analysis, err := ports.Analyze(patched, required)
-			g.Expect(err).NotTo(HaveOccurred())
+			e := e.forSubtest(t)
+			cluster := clusters[i]
 			if tc.extra == nil {
-				g.Expect(analysis.State).To(Equal(ports.AllPortsForwarded))
-				g.Expect(patched).To(Equal(workerTemplate))
+				w := e.eventuallyWorkers(cluster, func(Gomega, ports.Workers) {})
+				e.g.Expect(w.Analysis.State).To(Equal(ports.AllPortsForwarded))
+				e.g.Expect(w.Template.Object["spec"]).To(Equal(e.classTemplateSpec()))
 				return
 			}
-			g.Expect(analysis.State).To(Equal(ports.PortsDeclared), "missing: %s", analysis.Missing)
-			g.Expect(analysis.Declared).To(Equal(required.Ports()), "exactly the required ports, each once, in port order")
-
-			patched.SetNamespace(ns)
-			patched.SetName(cluster.Name + "-md-0")
-			g.Expect(l.Host.Client.Create(ctx, patched, client.DryRunAll)).To(Succeed(), "the patched template is valid for CAPK's CRD")
+			e.eventuallyDeclared(cluster, "", tc.extra, func(g Gomega, gi *guestnetv1.GuestIngress, gwb *guestnetv1.GuestWebhookBridge) {
+				g.Expect(gi != nil).To(Equal(tc.objects), "GuestIngress")
+				g.Expect(gwb != nil).To(Equal(tc.objects), "GuestWebhookBridge")
+			})
 		})
 	}
 }
 
 // The schema of guestnet.ingress and guestnet.webhookBridge is a faithful subset of the CRDs:
-// every value CAPI's variable validation accepts, the apiserver accepts as the GuestIngress
-// and GuestWebhookBridge the topology controller applies; and the CRDs' rules are all in the
-// schema, so CAPI already refuses what the apiserver would (a Cluster is refused at once,
+// every value CAPI's Cluster webhook accepts (validated against the status.variables its
+// ClusterClass controller computed), the apiserver accepts as the GuestIngress and
+// GuestWebhookBridge guestnet's topology controller applies; and the CRDs' rules are all in
+// the schema, so CAPI already refuses what the apiserver would (a Cluster is refused at once,
 // instead of an event later). Only the fields the variable leaves out (clusterName,
 // declarePorts) are refused by CAPI and not by the CRDs.
 func TestClusterClassVariableSchemaIsASubsetOfTheCRDs(t *testing.T) {
-	cc, _ := loadClusterClass(t)
-	l := startLab(t)
-	ctx := testContext(t)
-	ns := uniqueName("clusterclass-schema")
-	NewWithT(t).Expect(l.Host.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	e := newTopologyEnv(t, "clusterclass-schema")
+	e.createClusterClass()
 
 	const lb = `loadBalancer: {ip: 10.2.6.220}`
 	const svc = `guestService: {namespace: projectcontour, name: envoy}`
@@ -297,180 +347,272 @@ mode: Always`},
 			if tc.bridge != "" {
 				value[topology.WebhookBridgeField] = yamlValue(t, tc.bridge)
 			}
-			cluster := topologyCluster(t, cc, fmt.Sprintf("tenant-%d", i), value)
-			cluster.Namespace, cluster.UID = ns, types.UID(fmt.Sprintf("uid-%d", i))
-			capiErrs := capiDefaultAndValidate(t, cc, cluster.DeepCopy())
+			cluster := e.topologyCluster(fmt.Sprintf("tenant-%d", i), value, 1)
+			// As a user creates it, through CAPI's webhooks; nothing is stored.
+			capiErr := e.c.Create(e.ctx, cluster.DeepCopy(), client.DryRunAll)
+			if capiErr != nil {
+				g.Expect(apierrors.IsInvalid(capiErr)).To(BeTrue(), "CAPI refuses the value itself: %v", capiErr)
+			}
 
+			cluster.UID = types.UID(fmt.Sprintf("uid-%d", i)) // the owner of the objects applied below
 			variable, _, err := topology.VariableOf(cluster)
 			g.Expect(err).NotTo(HaveOccurred())
 			var crdErrs []error
 			if variable.Ingress != nil {
-				crdErrs = append(crdErrs, dryRunApply(ctx, l.Host.Client, topology.Desired(topology.GuestIngressKind, cluster, variable.Ingress, ""), nil))
+				crdErrs = append(crdErrs, dryRunApply(e.ctx, e.c, topology.Desired(topology.GuestIngressKind, cluster, variable.Ingress, ""), nil))
 			}
 			if variable.WebhookBridge != nil {
-				crdErrs = append(crdErrs, dryRunApply(ctx, l.Host.Client, topology.Desired(topology.GuestWebhookBridgeKind, cluster, variable.WebhookBridge, ""), nil))
+				crdErrs = append(crdErrs, dryRunApply(e.ctx, e.c, topology.Desired(topology.GuestWebhookBridgeKind, cluster, variable.WebhookBridge, ""), nil))
 			}
 			crdOK := true
 			for _, err := range crdErrs {
 				crdOK = crdOK && err == nil
 			}
 
-			g.Expect(capiErrs.ToAggregate() == nil).To(Equal(tc.wantCAPI), "CAPI: %v", capiErrs.ToAggregate())
+			g.Expect(capiErr == nil).To(Equal(tc.wantCAPI), "CAPI: %v", capiErr)
 			g.Expect(crdOK).To(Equal(tc.wantCRD), "apiserver: %v", crdErrs)
 		})
 	}
 }
 
-// --- CAPI's side, run here ------------------------------------------------------------------
+// --- the lab's real CAPI with the ClusterClass ----------------------------------------------
 
-// loadClusterClass reads the ClusterClass and its worker template from templates/, and
-// completes the ClusterClass's status.variables as CAPI's ClusterClass controller does for
-// inline variables (the Cluster webhook validates values against the status).
-func loadClusterClass(t *testing.T) (*clusterv1.ClusterClass, *unstructured.Unstructured) {
+// topologyTimeout bounds each wait for CAPI's controllers (a reconcile of theirs takes well
+// under a second in the lab; a rollout step a few).
+const topologyTimeout = 90 * time.Second
+
+// topologyEnv is a namespace of the lab's host with a real CAPI manager of its own (watch
+// filter = the namespace's name) and the k0smotron stand-in.
+type topologyEnv struct {
+	t      *testing.T
+	g      *WithT
+	ctx    context.Context
+	l      *lab.Lab
+	c      client.Client
+	ns     string
+	filter string
+}
+
+func newTopologyEnv(t *testing.T, prefix string) *topologyEnv {
 	t.Helper()
+	l := startLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	ns := uniqueName(prefix)
+	e := &topologyEnv{t: t, g: NewWithT(t), ctx: ctx, l: l, c: l.Host.Client, ns: ns, filter: ns}
+	e.g.SetDefaultEventuallyTimeout(topologyTimeout)
+	e.g.SetDefaultEventuallyPollingInterval(200 * time.Millisecond)
+	e.g.Expect(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	capi, err := l.StartCAPI(ctx, ns, e.filter)
+	e.g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("CAPI's log: %s", capi.LogPath())
+		}
+		capi.Stop()
+	})
+	k0s, err := l.StartK0smotronStandIn(ctx, ns)
+	e.g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(k0s.Stop)
+	return e
+}
+
+// forSubtest is the env for subtest t (its failures are t's).
+func (e *topologyEnv) forSubtest(t *testing.T) *topologyEnv {
+	sub := *e
+	sub.t, sub.g = t, NewWithT(t)
+	sub.g.SetDefaultEventuallyTimeout(topologyTimeout)
+	sub.g.SetDefaultEventuallyPollingInterval(200 * time.Millisecond)
+	return &sub
+}
+
+// createClusterClass creates the objects of the ClusterClass file, as they are, but for the
+// watch-filter label on the ClusterClass, and waits until CAPI's ClusterClass controller has
+// reconciled it (until then CAPI's Cluster webhook validates no variable and its topology
+// controller waits).
+func (e *topologyEnv) createClusterClass() *clusterv1.ClusterClass {
+	e.t.Helper()
+	for _, o := range readTemplateObjects(e.t, clusterClassFile) {
+		o.SetNamespace(e.ns)
+		if o.GetKind() == "ClusterClass" {
+			o.SetLabels(map[string]string{clusterv1.WatchLabel: e.filter})
+		}
+		e.g.Expect(e.c.Create(e.ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
+	}
 	cc := &clusterv1.ClusterClass{}
-	var workerTemplate *unstructured.Unstructured
-	for _, o := range readTemplateObjects(t, clusterClassFile) {
-		switch {
-		case o.GetKind() == "ClusterClass":
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, cc); err != nil {
-				t.Fatal(err)
-			}
-		case o.GetKind() == ports.KubevirtMachineTemplateGVK.Kind:
-			workerTemplate = o
-		}
-	}
-	if cc.Name == "" || workerTemplate == nil {
-		t.Fatalf("%s lacks the ClusterClass or the worker KubevirtMachineTemplate", clusterClassFile)
-	}
-	cc.Status.Variables = nil
-	for _, v := range cc.Spec.Variables {
-		cc.Status.Variables = append(cc.Status.Variables, clusterv1.ClusterClassStatusVariable{
-			Name: v.Name,
-			Definitions: []clusterv1.ClusterClassStatusVariableDefinition{{
-				From:     clusterv1.VariableDefinitionFromInline,
-				Required: v.Required,
-				Schema:   v.Schema,
-			}},
-		})
-	}
-	return cc, workerTemplate
+	e.g.Eventually(func(g Gomega) {
+		g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: clusterClassName}, cc)).To(Succeed())
+		g.Expect(cc.Status.ObservedGeneration).To(Equal(cc.Generation), "reconciled: %+v", cc.Status.Conditions)
+		g.Expect(conditions.IsTrue(cc, clusterv1.ClusterClassVariablesReadyCondition)).To(BeTrue(), "%+v", cc.Status.Conditions)
+		g.Expect(conditions.IsTrue(cc, clusterv1.ClusterClassRefVersionsUpToDateCondition)).To(BeTrue(), "%+v", cc.Status.Conditions)
+	}).Should(Succeed())
+	return cc
 }
 
-// enableCAPIClusterTopology turns on CAPI's ClusterTopology feature gate, without which its
-// ClusterClass webhook refuses every ClusterClass.
-func enableCAPIClusterTopology(t *testing.T) {
-	t.Helper()
-	if !capifeature.Gates.Enabled(capifeature.ClusterTopology) {
-		if err := capifeature.MutableGates.Set(string(capifeature.ClusterTopology) + "=true"); err != nil {
-			t.Fatal(err)
-		}
-	}
+// classTemplateSpec is the spec of the ClusterClass's worker template, as the apiserver
+// stores it.
+func (e *topologyEnv) classTemplateSpec() any {
+	e.t.Helper()
+	tmpl := &unstructured.Unstructured{}
+	tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+	e.g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: classWorkerTemplate}, tmpl)).To(Succeed())
+	return tmpl.Object["spec"]
 }
 
-// topologyCluster is a Cluster of the class with one MachineDeployment (class default-worker)
-// and, unless value is nil, the guestnet variable set to value.
-func topologyCluster(t *testing.T, cc *clusterv1.ClusterClass, name string, value any) *clusterv1.Cluster {
-	t.Helper()
+// topologyCluster is a Cluster of the class with one MachineDeployment md-0 (class
+// default-worker) of replicas workers, a control plane of one replica and, unless value is
+// nil, the guestnet variable set to value; labelled for the namespace's CAPI.
+func (e *topologyEnv) topologyCluster(name string, value any, replicas int32) *clusterv1.Cluster {
+	e.t.Helper()
 	cluster := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID(name + "-uid")},
-		Spec: clusterv1.ClusterSpec{Topology: clusterv1.Topology{
-			ClassRef: clusterv1.ClusterClassRef{Name: cc.Name},
-			Version:  "v1.33.1",
-			Workers: clusterv1.WorkersTopology{MachineDeployments: []clusterv1.MachineDeploymentTopology{
-				{Class: "default-worker", Name: "md-0", Replicas: ptr.To[int32](2)},
-			}},
-		}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
+		Spec: clusterv1.ClusterSpec{
+			ClusterNetwork: clusterv1.ClusterNetwork{
+				Pods:     clusterv1.NetworkRanges{CIDRBlocks: []string{"10.245.0.0/16"}},
+				Services: clusterv1.NetworkRanges{CIDRBlocks: []string{"10.96.0.0/12"}},
+			},
+			Topology: clusterv1.Topology{
+				ClassRef:     clusterv1.ClusterClassRef{Name: clusterClassName},
+				Version:      "v1.33.1",
+				ControlPlane: clusterv1.ControlPlaneTopology{Replicas: ptr.To[int32](1)},
+				Workers: clusterv1.WorkersTopology{MachineDeployments: []clusterv1.MachineDeploymentTopology{
+					{Class: "default-worker", Name: "md-0", Replicas: ptr.To(replicas)},
+				}},
+			},
+		},
 	}
 	if value != nil {
 		raw, err := json.Marshal(value)
-		if err != nil {
-			t.Fatal(err)
-		}
+		e.g.Expect(err).NotTo(HaveOccurred())
 		cluster.Spec.Topology.Variables = []clusterv1.ClusterVariable{{Name: topology.VariableName, Value: apiextensionsv1.JSON{Raw: raw}}}
 	}
+	lab.ForRealCAPITopology(cluster, e.filter)
 	return cluster
 }
 
-// capiDefaultAndValidate defaults and validates the Cluster's variables with CAPI's Cluster
-// webhook code, against the ClusterClass's status.variables; the defaults are written into
-// cluster, as the webhook does.
-func capiDefaultAndValidate(t *testing.T, cc *clusterv1.ClusterClass, cluster *clusterv1.Cluster) field.ErrorList {
-	t.Helper()
-	return (&capiadmission.Cluster{}).DefaultAndValidateVariables(testContext(t), cluster, nil, cc)
+func (e *topologyEnv) createCluster(name string, value any, replicas int32) *clusterv1.Cluster {
+	e.t.Helper()
+	cluster := e.topologyCluster(name, value, replicas)
+	e.g.Expect(e.c.Create(e.ctx, cluster)).To(Succeed())
+	return cluster
 }
 
-// applyClusterPatches applies the ClusterClass's patches to tmpl, the infrastructure template
-// of the Cluster's first MachineDeployment, as CAPI's topology controller does: variables
-// and builtins computed by CAPI's patches/variables package (for the variables the
-// ClusterClass defines inline), JSON patches generated by its inline generator, applied in
-// the ClusterClass's order.
-func applyClusterPatches(t *testing.T, cc *clusterv1.ClusterClass, cluster *clusterv1.Cluster, tmpl *unstructured.Unstructured) *unstructured.Unstructured {
-	t.Helper()
-	definitions := map[string]bool{}
-	for _, v := range cc.Spec.Variables {
-		definitions[v.Name] = true
+// setVariable sets the Cluster's guestnet variable to value, or removes it when nil.
+func (e *topologyEnv) setVariable(cluster *clusterv1.Cluster, value any) {
+	e.t.Helper()
+	var raw []byte
+	if value != nil {
+		var err error
+		raw, err = json.Marshal(value)
+		e.g.Expect(err).NotTo(HaveOccurred())
 	}
-	global, err := patchvariables.Global(cluster.Spec.Topology, cluster, definitions)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mdTopology := cluster.Spec.Topology.Workers.MachineDeployments[0]
-	md := &clusterv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: cluster.Name + "-" + mdTopology.Name},
-		Spec: clusterv1.MachineDeploymentSpec{
-			ClusterName: cluster.Name, Replicas: mdTopology.Replicas,
-			Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{Version: cluster.Spec.Topology.Version}},
-		},
-	}
-	mdVariables, err := patchvariables.MachineDeployment(&mdTopology, md, nil, tmpl, definitions)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c := &clusterv1.Cluster{}
+		if err := e.c.Get(e.ctx, client.ObjectKeyFromObject(cluster), c); err != nil {
+			return err
+		}
+		c.Spec.Topology.Variables = nil
+		if raw != nil {
+			c.Spec.Topology.Variables = []clusterv1.ClusterVariable{{Name: topology.VariableName, Value: apiextensionsv1.JSON{Raw: raw}}}
+		}
+		return e.c.Update(e.ctx, c)
+	})).To(Succeed())
+}
 
-	current := tmpl.DeepCopy()
-	for i := range cc.Spec.Patches {
-		p := &cc.Spec.Patches[i]
-		if p.External != nil {
-			t.Fatalf("patch %s: external patches are not evaluated here", p.Name)
+// eventuallyWorkers waits until guestnet's reading of the Cluster's workers
+// (ports.ListWorkers) finds one MachineDeployment with its template, and check passes.
+func (e *topologyEnv) eventuallyWorkers(cluster *clusterv1.Cluster, check func(Gomega, ports.Workers)) ports.Workers {
+	e.t.Helper()
+	var w ports.Workers
+	e.g.Eventually(func(g Gomega) {
+		workers, err := ports.ListWorkers(e.ctx, e.c, cluster, nil)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(workers).To(HaveLen(1))
+		w = workers[0]
+		g.Expect(w.TemplateErr).NotTo(HaveOccurred())
+		check(g, w)
+	}).Should(Succeed())
+	return w
+}
+
+// eventuallyDeclared waits until guestnet's GuestIngress and GuestWebhookBridge of the
+// Cluster pass check (nil for an object that does not exist) and the workers' template
+// (another than previous) declares exactly what guestnet requires for them, with extra (the
+// workerPorts), and returns the template's name.
+func (e *topologyEnv) eventuallyDeclared(cluster *clusterv1.Cluster, previous string, extra []ports.Port, check func(Gomega, *guestnetv1.GuestIngress, *guestnetv1.GuestWebhookBridge)) string {
+	e.t.Helper()
+	var name string
+	e.g.Eventually(func(g Gomega) {
+		required := ports.Base()
+		gi, gwb := &guestnetv1.GuestIngress{}, &guestnetv1.GuestWebhookBridge{}
+		key := client.ObjectKeyFromObject(cluster)
+		if err := e.c.Get(e.ctx, key, gi); apierrors.IsNotFound(err) {
+			gi = nil
+		} else {
+			g.Expect(err).NotTo(HaveOccurred())
+			required = required.Union(ports.ForGuestIngress(gi))
 		}
-		resp, err := inline.NewGenerator(p).Generate(context.Background(), cluster, &runtimehooksv1.GeneratePatchesRequest{
-			Variables: global,
-			Items: []runtimehooksv1.GeneratePatchesRequestItem{{
-				UID: "worker",
-				HolderReference: runtimehooksv1.HolderReference{
-					APIVersion: clusterv1.GroupVersion.String(), Kind: "MachineDeployment",
-					Namespace: md.Namespace, Name: md.Name, FieldPath: "spec.template.spec.infrastructureRef",
-				},
-				Object:    runtime.RawExtension{Object: current.DeepCopy()},
-				Variables: mdVariables,
-			}},
-		})
-		if err != nil {
-			t.Fatalf("patch %s: %v", p.Name, err)
+		if err := e.c.Get(e.ctx, key, gwb); apierrors.IsNotFound(err) {
+			gwb = nil
+		} else {
+			g.Expect(err).NotTo(HaveOccurred())
+			required = required.Union(ports.ForBridge(gwb))
 		}
-		for _, item := range resp.Items {
-			if item.PatchType != runtimehooksv1.JSONPatchType {
-				t.Fatalf("patch %s: patch type %s", p.Name, item.PatchType)
-			}
-			patch, err := jsonpatch.DecodePatch(item.Patch)
-			if err != nil {
-				t.Fatalf("patch %s: %v", p.Name, err)
-			}
-			doc, err := json.Marshal(current.Object)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if doc, err = patch.Apply(doc); err != nil {
-				t.Fatalf("patch %s does not apply to %s: %v", p.Name, tmpl.GetName(), err)
-			}
-			current = &unstructured.Unstructured{}
-			if err := json.Unmarshal(doc, &current.Object); err != nil {
-				t.Fatal(err)
-			}
+		check(g, gi, gwb)
+		for _, p := range extra {
+			required = required.Union(ports.NewSet(ports.Requirement{Port: p}))
 		}
+		workers, err := ports.ListWorkers(e.ctx, e.c, cluster, required)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(workers).To(HaveLen(1))
+		w := workers[0]
+		g.Expect(w.TemplateErr).NotTo(HaveOccurred())
+		g.Expect(w.TopologyOwned()).To(BeTrue())
+		name = w.Template.GetName()
+		g.Expect(name).NotTo(Equal(previous))
+		g.Expect(w.Analysis.State).To(Equal(ports.PortsDeclared), "missing: %s", w.Analysis.Missing)
+		g.Expect(w.Analysis.Declared).To(Equal(required.Ports()), "exactly the required ports, each once, in port order")
+	}).Should(Succeed())
+	return name
+}
+
+// machineSetTemplates maps the infrastructure template of each of the Cluster's MachineSets
+// to its desired replicas.
+func (e *topologyEnv) machineSetTemplates(g Gomega, cluster *clusterv1.Cluster) map[string]int32 {
+	list := &clusterv1.MachineSetList{}
+	g.Expect(e.c.List(e.ctx, list, client.InNamespace(e.ns), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name})).To(Succeed())
+	out := map[string]int32{}
+	for _, ms := range list.Items {
+		out[ms.Spec.Template.Spec.InfrastructureRef.Name] = ptr.Deref(ms.Spec.Replicas, 0)
 	}
-	return current
+	return out
+}
+
+// expectClusterObjects checks what CAPI's topology controller made of the Cluster besides
+// the workers: a KubevirtCluster that CAPK leaves to k0smotron (as in the default flavor), and
+// the control plane at the topology's version.
+func (e *topologyEnv) expectClusterObjects(cluster *clusterv1.Cluster) {
+	e.t.Helper()
+	live := &clusterv1.Cluster{}
+	e.g.Expect(e.c.Get(e.ctx, client.ObjectKeyFromObject(cluster), live)).To(Succeed())
+	infra := &unstructured.Unstructured{}
+	infra.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtCluster"))
+	e.g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: live.Spec.InfrastructureRef.Name}, infra)).To(Succeed())
+	e.g.Expect(infra.GetAnnotations()).To(HaveKey(clusterv1.ManagedByAnnotation), "k0smotron provides the control-plane endpoint; CAPK must create no load balancer")
+	cp := &unstructured.Unstructured{}
+	cp.SetGroupVersionKind(lab.ControlPlaneGVK)
+	e.g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: live.Spec.ControlPlaneRef.Name}, cp)).To(Succeed())
+	version, _, _ := unstructured.NestedString(cp.Object, "spec", "version")
+	e.g.Expect(version).To(Equal(live.Spec.Topology.Version))
+}
+
+// expectNoGuestnetObjects waits until the Cluster has no GuestIngress and no
+// GuestWebhookBridge.
+func (e *topologyEnv) expectNoGuestnetObjects(cluster *clusterv1.Cluster) {
+	e.t.Helper()
+	key := client.ObjectKeyFromObject(cluster)
+	e.g.Eventually(func() bool { return apierrors.IsNotFound(e.c.Get(e.ctx, key, &guestnetv1.GuestIngress{})) }).Should(BeTrue())
+	e.g.Eventually(func() bool { return apierrors.IsNotFound(e.c.Get(e.ctx, key, &guestnetv1.GuestWebhookBridge{})) }).Should(BeTrue())
 }
 
 // --- helpers ------------------------------------------------------------------------------------

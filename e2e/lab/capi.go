@@ -120,6 +120,9 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 	if err := l.installControlPlaneCRD(); err != nil {
 		return nil, err
 	}
+	if err := l.installK0smotronTemplateCRDs(); err != nil {
+		return nil, err
+	}
 	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
 		return nil, err
 	}
