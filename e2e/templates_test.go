@@ -28,7 +28,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -90,7 +90,7 @@ func TestClusterClassAcceptedAndReconciledByCAPI(t *testing.T) {
 func TestClusterClassTopologyVariableRollsTheWorkersAndDrivesTheGuestnetObjects(t *testing.T) {
 	e := newTopologyEnv(t, "clusterclass-topology")
 	e.createClusterClass()
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns, WatchFilterValue: e.filter}, manager.SetupTopologyVariables)
+	e.l.StartManagerBinary(t, lab.ManagerFlags{Namespace: e.ns, WatchFilter: e.filter, FeatureGates: string(feature.ClusterTopologyVariables) + "=true"})
 	cluster := e.createCluster("tenant-a", nil, 2)
 
 	// No variable: the class's template as it is, two Machines of one MachineSet.
@@ -169,7 +169,7 @@ webhookBridge:
 func TestClusterClassPatchDeclaresThePortsOfTheGuestnetObjects(t *testing.T) {
 	e := newTopologyEnv(t, "clusterclass-objects")
 	e.createClusterClass()
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns, WatchFilterValue: e.filter}, manager.SetupTopologyVariables)
+	e.l.StartManagerBinary(t, lab.ManagerFlags{Namespace: e.ns, WatchFilter: e.filter, FeatureGates: string(feature.ClusterTopologyVariables) + "=true"})
 
 	conditionValue := ports.TopologyValue(ports.Base().Union(ports.NewSet(
 		ports.Requirement{Port: ports.UDP(8473)}, ports.Requirement{Port: ports.TCP(30080)}, ports.Requirement{Port: ports.TCP(30443)})).Ports())

@@ -270,7 +270,7 @@ func Adoptable(existing, desired *unstructured.Unstructured, cluster string) err
 }
 
 // containedIn reports whether every field of want is in got with the same value
-// (ingress.Subset: got may have more map keys; lists must have the same length). Both are
+// (ssa.Subset: got may have more map keys; lists must have the same length). Both are
 // compared as JSON, so 22 and 22.0 are equal.
 func containedIn(want, got any) (bool, error) {
 	normalize := func(v any) (any, error) {
