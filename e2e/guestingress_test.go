@@ -39,7 +39,9 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/test/metricstest"
 )
 
 const giTimeout = 30 * time.Second
@@ -59,13 +61,17 @@ func TestGuestIngress_RequestsThroughTheLoadBalancerIPReachEveryWorker(t *testin
 	w1 := addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.50.11", 31080, 31443)
 	w2 := addEnvoyWorker(t, l, gc, ns+"-md-0-b", "10.244.50.12", 31080, 31443)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
-	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
+	mgr := l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	const ip = "10.98.1.10"
 	gi := createGuestIngress(t, l, ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31080), ptr.To[int32](31443))
 	got := eventuallyGuestIngressReady(t, l, gi)
 	g.Expect(got.Status.LoadBalancerIP).To(Equal(ip))
 	g.Expect(got.Status.ReadyEndpoints).To(BeEquivalentTo(2))
+	// What an operator's Prometheus scrapes from the manager says so too.
+	g.Eventually(func(g Gomega) map[string]float64 {
+		return metricstest.Series(g, mgr, metrics.GuestIngressesName, "status", "reason")
+	}).WithTimeout(giTimeout).Should(Equal(map[string]float64{"True/Ready": 1}))
 
 	// Every worker answers through the IP, on each port (once the L2 announcement, which
 	// reacts to the same Service status as guestnet, is up).
