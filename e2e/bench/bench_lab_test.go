@@ -58,8 +58,12 @@ type Result struct {
 	// the ClusterCache retries 30 s later.
 	ConnectFailures int `json:"connectFailures"`
 
-	RSSMiB     float64 `json:"rssMiB"`
+	RSSMiB float64 `json:"rssMiB"`
+	// AnonRSSMiB is the part of RSS that is not the binary's mapped pages (heap, stacks).
+	AnonRSSMiB float64 `json:"anonRssMiB"`
 	PeakRSSMiB float64 `json:"peakRssMiB"`
+	// HeapMiB is the manager's live Go heap after a forced GC, at the end.
+	HeapMiB    float64 `json:"heapMiB"`
 	CPUSeconds float64 `json:"cpuSeconds"`
 }
 
@@ -83,18 +87,18 @@ func TestBench(t *testing.T) {
 	if out == "" {
 		out = "out/bench"
 	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var results []Result
 	for _, s := range sizes {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > lab.MaxFleet {
 			t.Fatalf("BENCH_N: %q is not a fleet size between 1 and %d", s, lab.MaxFleet)
 		}
-		r := runFleet(t, bin, n, bridgeEvery)
+		r := runFleet(t, bin, out, n, bridgeEvery)
 		t.Logf("N=%d: %+v", n, r)
 		results = append(results, r)
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
 	}
 	js, _ := json.MarshalIndent(map[string]any{"machine": machine(), "resync": resync.String(), "bridgeEvery": bridgeEvery, "results": results}, "", "  ")
 	if err := os.WriteFile(filepath.Join(out, "results.json"), js, 0o644); err != nil {
@@ -106,7 +110,7 @@ func TestBench(t *testing.T) {
 	t.Logf("results in %s:\n%s", out, markdown(results, bridgeEvery))
 }
 
-func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
+func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -145,7 +149,8 @@ func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
 	}
 	defer logFile.Close()
 	cmd := exec.Command(bin, "--kubeconfig="+l.Host.KubeconfigPath, "--sync-period="+resync.String(),
-		"--health-addr=127.0.0.1:9440", "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics")
+		"--health-addr=127.0.0.1:9440", "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics",
+		"--profiler-address="+profilerAddress)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
@@ -157,6 +162,7 @@ func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
 	r := Result{N: n}
 	created := map[client.ObjectKey]time.Time{}
 	start := time.Now()
+	cpuProfile := profileCPU(t, filepath.Join(out, fmt.Sprintf("cpu-n%d.pprof", n)), cpuProfileSeconds(n))
 	for i := range n {
 		m, err := l.CreateFleetMember(ctx, i, lab.FleetOptions{Bridge: i%bridgeEvery == 0})
 		if err != nil {
@@ -238,7 +244,9 @@ func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
 		}
 	}
 	r.SteadyRequests = byVerbAndResource(steady)
-	r.RSSMiB, r.PeakRSSMiB, r.CPUSeconds = processStats(t, cmd.Process.Pid)
+	r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.CPUSeconds = processStats(t, cmd.Process.Pid)
+	r.HeapMiB = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-n%d.pprof", n)))
+	<-cpuProfile
 	if logged, err := os.ReadFile(logFile.Name()); err == nil {
 		r.ConnectFailures = strings.Count(string(logged), `"Connect failed"`)
 	}
@@ -275,21 +283,26 @@ func quantile(sorted []float64, q float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// processStats reads the manager's RSS, peak RSS (MiB) and CPU seconds from /proc.
-func processStats(t *testing.T, pid int) (rss, peak, cpu float64) {
+// processStats reads the manager's RSS, anonymous RSS, peak RSS (MiB) and CPU seconds from
+// /proc.
+func processStats(t *testing.T, pid int) (rss, anon, peak, cpu float64) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(status), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 2 && (f[0] == "VmRSS:" || f[0] == "VmHWM:") {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			if f[0] == "VmRSS:" {
-				rss = kb / 1024
-			} else {
-				peak = kb / 1024
-			}
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kb / 1024
+		case "RssAnon:":
+			anon = kb / 1024
+		case "VmHWM:":
+			peak = kb / 1024
 		}
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -301,7 +314,7 @@ func processStats(t *testing.T, pid int) (rss, peak, cpu float64) {
 	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
-	return rss, peak, (utime + stime) / 100
+	return rss, anon, peak, (utime + stime) / 100
 }
 
 func machine() string {
@@ -327,12 +340,12 @@ func machine() string {
 func markdown(results []Result, bridgeEvery int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s. Resync period %v; every %d-th cluster has a GuestWebhookBridge.\n\n", machine(), resync, bridgeEvery)
-	b.WriteString("| N | bridges | ready p50 (s) | p99 (s) | max (s) | all ready (s) | connect failures | writes / cluster | of them status | events | steady writes | steady live reads | RSS (MiB) | peak RSS (MiB) | CPU (s) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| N | bridges | ready p50 (s) | p99 (s) | max (s) | all ready (s) | connect failures | writes / cluster | of them status | events | steady writes | steady live reads | RSS (MiB) | of it anon | peak RSS (MiB) | live heap (MiB) | CPU (s) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %d | %d | %.2f | %.2f | %.2f | %.1f | %d | %.1f | %.1f | %d | %d | %d | %.0f | %.0f | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %.2f | %.2f | %.2f | %.1f | %d | %.1f | %.1f | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.1f |\n",
 			r.N, r.Bridges, r.ReadyP50, r.ReadyP99, r.ReadyMax, r.AllReady, r.ConnectFailures, r.WritesPerMember, r.StatusWritesPerMember,
-			r.Events, r.SteadyWrites, r.SteadyReads, r.RSSMiB, r.PeakRSSMiB, r.CPUSeconds)
+			r.Events, r.SteadyWrites, r.SteadyReads, r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.HeapMiB, r.CPUSeconds)
 	}
 	b.WriteString("\nRequests of the manager (host and guest apiservers' audit logs), by verb and resource:\n")
 	for _, r := range results {
