@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -89,4 +90,57 @@ func heapAllocMiB(t *testing.T) float64 {
 		}
 	}
 	return 0
+}
+
+// heapShare is one part of the live heap, by the stacks that allocated it.
+type heapShare struct {
+	Name   string
+	focus  string
+	ignore string
+}
+
+// heapShares split the live heap into what grows with the fleet: the ClusterCache's
+// connection to each guest (REST mapper from discovery, clients, cache set-up), the objects
+// the informers hold (host and guest, decoded from lists and watches), what reconciles hold
+// while they run, and the rest (the binary's init, buffers).
+var heapShares = []heapShare{
+	{Name: "guest connections", focus: `clustercache\.\(\*clusterAccessor\)`},
+	{Name: "cached objects", focus: `\(\*Reflector\)|\(\*StreamWatcher\)`, ignore: `clustercache\.\(\*clusterAccessor\)`},
+	{Name: "reconciles in flight", focus: `reconcileHandler`, ignore: `clustercache\.\(\*clusterAccessor\)|\(\*Reflector\)|\(\*StreamWatcher\)`},
+}
+
+// heapBreakdown totals the heap profile at path by heapShares (MiB, with "other" for the
+// rest), with `go tool pprof` (the go command runs the bench, so it is there).
+func heapBreakdown(t *testing.T, path string) map[string]float64 {
+	out := map[string]float64{}
+	rest := 0.0
+	for i, s := range append([]heapShare{{Name: "total"}}, heapShares...) {
+		args := []string{"tool", "pprof", "-sample_index=inuse_space", "-unit=B", "-top", "-nodecount=1000000"}
+		if s.focus != "" {
+			args = append(args, "-focus="+s.focus)
+		}
+		if s.ignore != "" {
+			args = append(args, "-ignore="+s.ignore)
+		}
+		text, err := exec.Command("go", append(args, path)...).Output()
+		if err != nil {
+			t.Logf("go tool pprof %s: %v", path, err)
+			return nil
+		}
+		// "Showing nodes accounting for 11809080B, 29.81% of 39617010B total"
+		b := 0.0
+		for _, line := range strings.Split(string(text), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Showing nodes accounting for "); ok {
+				b, _ = strconv.ParseFloat(strings.TrimSuffix(strings.Fields(v)[0], "B,"), 64)
+			}
+		}
+		if i == 0 {
+			rest = b
+			continue
+		}
+		out[s.Name] = b / (1 << 20)
+		rest -= b
+	}
+	out["other"] = rest / (1 << 20)
+	return out
 }
