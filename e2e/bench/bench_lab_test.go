@@ -114,6 +114,10 @@ func TestBench(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(out, "results.md"), []byte(markdown(results, bridgeEvery)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	plot := plotSVG(results, fmt.Sprintf("guestnet manager against fleet size (%s)", machine()))
+	if err := os.WriteFile(filepath.Join(out, "results.svg"), []byte(plot), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("results in %s:\n%s", out, markdown(results, bridgeEvery))
 }
 
