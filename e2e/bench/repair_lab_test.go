@@ -44,6 +44,8 @@ type RepairStats struct {
 	P50      float64 `json:"p50Seconds"`
 	P99      float64 `json:"p99Seconds"`
 	Max      float64 `json:"maxSeconds"`
+	// Errors are the first few failures, as said.
+	Errors []string `json:"errors,omitempty"`
 }
 
 // drift is one kind of drift: for member i it names the object (its resource interface and
@@ -185,6 +187,9 @@ func measureRepairs(ctx context.Context, l *lab.Lab, members []*lab.FleetMember,
 					return nil, err
 				}
 				s.Failures++
+				if len(s.Errors) < 3 {
+					s.Errors = append(s.Errors, fmt.Sprintf("member %d: %v", i, err))
+				}
 				continue
 			}
 			times = append(times, latency.Seconds())
@@ -210,7 +215,10 @@ func measureRepair(ctx context.Context, ri dynamic.ResourceInterface, name strin
 	if err != nil {
 		return 0, err
 	}
-	w, err := ri.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: live.GetResourceVersion()})
+	// From the watch cache's latest state (an ADDED event first), not from live's
+	// resourceVersion: under load the watch cache may lag the quorum read, and a watch from a
+	// newer version than it has fails ("Too large resource version").
+	w, err := ri.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
 	if err != nil {
 		return 0, err
 	}
