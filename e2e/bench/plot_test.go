@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"encoding/xml"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -23,7 +24,7 @@ func TestPlotSVG(t *testing.T) {
 		lines := 0
 		for {
 			tok, err := d.Token()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
