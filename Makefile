@@ -141,14 +141,15 @@ test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integr
 		go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
 
 # `make bench` (docs/performance.md; not part of `make test`): for each fleet size of BENCH_N, a fresh lab
-# and the real manager binary as its own process (e2e/bench); results in BENCH_OUT.
-BENCH_N            ?= 10 100
+# and the real manager binary, built as a release builds it, as its own process (e2e/bench);
+# results, pprof profiles and the plot in BENCH_OUT.
+BENCH_N            ?= 10 100 1000
 BENCH_BRIDGE_EVERY ?= 5
 BENCH_OUT          ?= out/bench
 
 .PHONY: bench
 bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for fleets of BENCH_N guest clusters (out/bench/).
-	go build -o bin/manager .
+	CGO_ENABLED=0 go build $(MANAGER_GOFLAGS) -ldflags "$(MANAGER_LDFLAGS)" -o bin/manager .
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) BENCH_N="$(BENCH_N)" BENCH_BRIDGE_EVERY=$(BENCH_BRIDGE_EVERY) \
 		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 120m -run TestBench -v ./e2e/bench/
 

@@ -53,6 +53,9 @@ type options struct {
 	leaderElectionRetryPeriod   time.Duration
 
 	healthAddr string
+	// profilerAddress serves net/http/pprof without authentication (CAPI's managers have
+	// the same flag); off unless set. The secure diagnostics endpoint serves pprof too.
+	profilerAddress string
 
 	kubeAPIQPS   float32
 	kubeAPIBurst int
@@ -85,6 +88,9 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 		"The minimum interval at which watched objects are reconciled again (e.g. 15m).")
 	fs.StringVar(&o.healthAddr, "health-addr", ":9440",
 		"The address the health and readiness probes (/healthz, /readyz) bind to.")
+
+	fs.StringVar(&o.profilerAddress, "profiler-address", "",
+		"Bind address to expose the pprof profiler without authentication (e.g. localhost:6060). Off when empty.")
 
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", 100,
 		"Maximum queries per second from the manager to the Kubernetes API server of the host cluster.")
@@ -189,6 +195,7 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 		RenewDeadline:          &opts.leaderElectionRenewDeadline,
 		RetryPeriod:            &opts.leaderElectionRetryPeriod,
 		HealthProbeBindAddress: opts.healthAddr,
+		PprofBindAddress:       opts.profilerAddress,
 		Metrics:                *metricsOptions,
 		Cache:                  opts.wiring.CacheOptions(),
 		Client:                 manager.ClientOptions(),

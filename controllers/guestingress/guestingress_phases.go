@@ -109,7 +109,9 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 }
 
 // hostWorld is what one reconcile reads from the manager's cache about every GuestIngress and
-// pool: the ground of the claims and of admission.
+// pool: the ground of the claims and of admission. Its GuestIngresses, pools and Services are
+// the cache's own objects, not copies (readOnly): nothing may change them. What a reconcile
+// writes is built anew (internal/ingress) or read with Get, which copies.
 type hostWorld struct {
 	guestIngresses []guestnetv1.GuestIngress
 	pools          []unstructured.Unstructured
@@ -129,7 +131,7 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	}
 	pools := &unstructured.UnstructuredList{}
 	pools.SetGroupVersionKind(ingress.PoolGVK.GroupVersion().WithKind(ingress.PoolGVK.Kind + "List"))
-	if err := r.Client.List(ctx, pools); err != nil {
+	if err := r.Client.List(ctx, pools, readOnly); err != nil {
 		return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
 	}
 	w.pools = pools.Items
@@ -142,7 +144,7 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	}
 	w.policies = policies.Items
 	services := &corev1.ServiceList{}
-	if err := r.Client.List(ctx, services, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
+	if err := r.Client.List(ctx, services, readOnly, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
 		return nil, fmt.Errorf("listing host Services: %w", err)
 	}
 	for i := range services.Items {
@@ -153,11 +155,18 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	return w, nil
 }
 
+// readOnly lists the cache's own objects instead of deep copies of them. Every GuestIngress
+// reconcile and several event mappers read every GuestIngress and pool: copying them cost
+// memory and CPU in proportion to the fleet on each (issue 13, docs/performance.md). The
+// objects so listed must never be changed.
+var readOnly = client.UnsafeDisableDeepCopy
+
 // conflictCandidates lists the GuestIngresses whose claims may collide with another's: the
-// one place that looks them up (every GuestIngress today; an index by address later).
+// one place that looks them up (every GuestIngress today; an index by address later). They
+// are the cache's objects (readOnly): never change them.
 func (r *Reconciler) conflictCandidates(ctx context.Context) ([]guestnetv1.GuestIngress, error) {
 	list := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, list); err != nil {
+	if err := r.Client.List(ctx, list, readOnly); err != nil {
 		return nil, fmt.Errorf("listing GuestIngresses: %w", err)
 	}
 	return list.Items, nil

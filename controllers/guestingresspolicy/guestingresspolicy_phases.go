@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -23,7 +25,9 @@ const maxListed = 32
 func (r *Reconciler) reconcileStatus(ctx context.Context, s *scope) error {
 	p := s.policy
 	namespaces := &corev1.NamespaceList{}
-	if err := r.Client.List(ctx, namespaces); err != nil {
+	// The cache's own objects, not copies (every policy reads every GuestIngress and
+	// namespace on every GuestIngress event): read only.
+	if err := r.Client.List(ctx, namespaces, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing namespaces: %w", err)
 	}
 	world, err := policy.Observe(ctx, r.Client)
@@ -31,7 +35,7 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, s *scope) error {
 		return err
 	}
 	all := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, all, r.filterOptions()...); err != nil {
+	if err := r.Client.List(ctx, all, append(r.filterOptions(), client.UnsafeDisableDeepCopy)...); err != nil {
 		return fmt.Errorf("listing GuestIngresses: %w", err)
 	}
 

@@ -58,9 +58,20 @@ type Result struct {
 	// the ClusterCache retries 30 s later.
 	ConnectFailures int `json:"connectFailures"`
 
-	RSSMiB     float64 `json:"rssMiB"`
+	RSSMiB float64 `json:"rssMiB"`
+	// AnonRSSMiB is the part of RSS that is not the binary's mapped pages (heap, stacks).
+	AnonRSSMiB float64 `json:"anonRssMiB"`
 	PeakRSSMiB float64 `json:"peakRssMiB"`
-	CPUSeconds float64 `json:"cpuSeconds"`
+	// HeapMiB is the manager's live Go heap after a forced GC, at the end; HeapShares splits
+	// its profile by what allocated it (heapShares).
+	HeapMiB    float64            `json:"heapMiB"`
+	HeapShares map[string]float64 `json:"heapSharesMiB"`
+	CPUSeconds float64            `json:"cpuSeconds"`
+
+	// Repairs are the drift repair latencies at steady state (repair_lab_test.go).
+	Repairs []RepairStats `json:"repairs"`
+	// Floor compares guestnet with a plain client writing the same objects (floor_lab_test.go).
+	Floor *FloorResult `json:"floor,omitempty"`
 }
 
 const (
@@ -83,18 +94,18 @@ func TestBench(t *testing.T) {
 	if out == "" {
 		out = "out/bench"
 	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var results []Result
 	for _, s := range sizes {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > lab.MaxFleet {
 			t.Fatalf("BENCH_N: %q is not a fleet size between 1 and %d", s, lab.MaxFleet)
 		}
-		r := runFleet(t, bin, n, bridgeEvery)
+		r := runFleet(t, bin, out, n, bridgeEvery)
 		t.Logf("N=%d: %+v", n, r)
 		results = append(results, r)
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
 	}
 	js, _ := json.MarshalIndent(map[string]any{"machine": machine(), "resync": resync.String(), "bridgeEvery": bridgeEvery, "results": results}, "", "  ")
 	if err := os.WriteFile(filepath.Join(out, "results.json"), js, 0o644); err != nil {
@@ -103,11 +114,15 @@ func TestBench(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(out, "results.md"), []byte(markdown(results, bridgeEvery)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	plot := plotSVG(results, fmt.Sprintf("guestnet manager against fleet size (%s)", machine()))
+	if err := os.WriteFile(filepath.Join(out, "results.svg"), []byte(plot), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("results in %s:\n%s", out, markdown(results, bridgeEvery))
 }
 
-func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	l, err := lab.Start(ctx, lab.Options{Dir: dir, Audit: true})
@@ -138,30 +153,30 @@ func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
 		return append(h, g...)
 	}
 
-	// The real binary, as deployed, but bound to loopback and with a short resync.
-	logFile, err := os.Create(filepath.Join(dir, "manager.log"))
-	if err != nil {
-		t.Fatal(err)
+	cmd := startManager(t, bin, l, filepath.Join(dir, "manager.log"))
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
 	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, "--kubeconfig="+l.Host.KubeconfigPath, "--sync-period="+resync.String(),
-		"--health-addr=127.0.0.1:9440", "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	defer stop()
 	time.Sleep(2 * time.Second) // its caches; what it reads at start is not counted
 	next()
 
 	r := Result{N: n}
 	created := map[client.ObjectKey]time.Time{}
 	start := time.Now()
+	cpuProfile := profileCPU(t, filepath.Join(out, fmt.Sprintf("cpu-n%d.pprof", n)), cpuProfileSeconds(n))
+	var members []*lab.FleetMember
 	for i := range n {
 		m, err := l.CreateFleetMember(ctx, i, lab.FleetOptions{Bridge: i%bridgeEvery == 0})
 		if err != nil {
 			t.Fatalf("member %d: %v", i, err)
 		}
+		members = append(members, m)
 		created[client.ObjectKeyFromObject(m.GuestIngress)] = time.Now()
 		if m.Bridge != nil {
 			// (Same namespace as the GuestIngress, another name.)
@@ -238,11 +253,44 @@ func runFleet(t *testing.T, bin string, n, bridgeEvery int) Result {
 		}
 	}
 	r.SteadyRequests = byVerbAndResource(steady)
-	r.RSSMiB, r.PeakRSSMiB, r.CPUSeconds = processStats(t, cmd.Process.Pid)
-	if logged, err := os.ReadFile(logFile.Name()); err == nil {
+	r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.CPUSeconds = processStats(t, cmd.Process.Pid)
+	heap := filepath.Join(out, fmt.Sprintf("heap-n%d.pprof", n))
+	r.HeapMiB = profileHeap(t, heap)
+	r.HeapShares = heapBreakdown(t, heap)
+	<-cpuProfile
+	if logged, err := os.ReadFile(filepath.Join(dir, "manager.log")); err == nil {
 		r.ConnectFailures = strings.Count(string(logged), `"Connect failed"`)
 	}
+
+	if r.Repairs, err = measureRepairs(ctx, l, members, repairCount()); err != nil {
+		t.Fatalf("repairs: %v", err)
+	}
+	stop()
+	if r.Floor, err = measureFloor(ctx, t, l, members, func() func() {
+		cmd := startManager(t, bin, l, filepath.Join(dir, "manager-restart.log"))
+		return func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
+	}); err != nil {
+		t.Fatalf("floor: %v", err)
+	}
 	return r
+}
+
+// startManager starts the real binary, as deployed but bound to loopback, with a short
+// resync and its pprof endpoint, logging to logPath.
+func startManager(t *testing.T, bin string, l *lab.Lab, logPath string) *exec.Cmd {
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = logFile.Close() })
+	cmd := exec.Command(bin, "--kubeconfig="+l.Host.KubeconfigPath, "--sync-period="+resync.String(),
+		"--health-addr=127.0.0.1:9440", "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics",
+		"--profiler-address="+profilerAddress)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	return cmd
 }
 
 // settle returns the requests until the manager has not written for `quiet`.
@@ -275,21 +323,26 @@ func quantile(sorted []float64, q float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// processStats reads the manager's RSS, peak RSS (MiB) and CPU seconds from /proc.
-func processStats(t *testing.T, pid int) (rss, peak, cpu float64) {
+// processStats reads the manager's RSS, anonymous RSS, peak RSS (MiB) and CPU seconds from
+// /proc.
+func processStats(t *testing.T, pid int) (rss, anon, peak, cpu float64) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(status), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 2 && (f[0] == "VmRSS:" || f[0] == "VmHWM:") {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			if f[0] == "VmRSS:" {
-				rss = kb / 1024
-			} else {
-				peak = kb / 1024
-			}
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kb / 1024
+		case "RssAnon:":
+			anon = kb / 1024
+		case "VmHWM:":
+			peak = kb / 1024
 		}
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -301,7 +354,7 @@ func processStats(t *testing.T, pid int) (rss, peak, cpu float64) {
 	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
-	return rss, peak, (utime + stime) / 100
+	return rss, anon, peak, (utime + stime) / 100
 }
 
 func machine() string {
@@ -327,12 +380,29 @@ func machine() string {
 func markdown(results []Result, bridgeEvery int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s. Resync period %v; every %d-th cluster has a GuestWebhookBridge.\n\n", machine(), resync, bridgeEvery)
-	b.WriteString("| N | bridges | ready p50 (s) | p99 (s) | max (s) | all ready (s) | connect failures | writes / cluster | of them status | events | steady writes | steady live reads | RSS (MiB) | peak RSS (MiB) | CPU (s) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| N | bridges | ready p50 (s) | p99 (s) | max (s) | all ready (s) | connect failures | writes / cluster | of them status | events | steady writes | steady live reads | RSS (MiB) | of it anon | peak RSS (MiB) | live heap (MiB) | CPU (s) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %d | %d | %.2f | %.2f | %.2f | %.1f | %d | %.1f | %.1f | %d | %d | %d | %.0f | %.0f | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %.2f | %.2f | %.2f | %.1f | %d | %.1f | %.1f | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.1f |\n",
 			r.N, r.Bridges, r.ReadyP50, r.ReadyP99, r.ReadyMax, r.AllReady, r.ConnectFailures, r.WritesPerMember, r.StatusWritesPerMember,
-			r.Events, r.SteadyWrites, r.SteadyReads, r.RSSMiB, r.PeakRSSMiB, r.CPUSeconds)
+			r.Events, r.SteadyWrites, r.SteadyReads, r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.HeapMiB, r.CPUSeconds)
+	}
+	b.WriteString("\nLive heap by what allocated it (MiB, from heap-n<N>.pprof):\n\n| N | guest connections | cached objects | reconciles in flight | other |\n|---|---|---|---|---|\n")
+	for _, r := range results {
+		h := r.HeapShares
+		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f |\n", r.N, h["guest connections"], h["cached objects"], h["reconciles in flight"], h["other"])
+	}
+	b.WriteString("\nDrift repair latency at steady state, from the apiservers' watch events (s):\n\n| N | drift | repairs | failures | p50 | p99 | max |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		for _, s := range r.Repairs {
+			fmt.Fprintf(&b, "| %d | %s | %d | %d | %.3f | %.3f | %.3f |\n", r.N, s.Kind, s.Count, s.Failures, s.P50, s.P99, s.Max)
+		}
+	}
+	b.WriteString("\nThe floor: a plain client writing what guestnet writes per GuestIngress, against guestnet restarted on the fleet with those objects gone; until every member is exposed (s):\n\n| N | floor writes | floor all | floor p50 | floor p99 | guestnet all | guestnet p50 | guestnet p99 | ratio (all) |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		if f := r.Floor; f != nil {
+			fmt.Fprintf(&b, "| %d | %d | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f |\n", r.N, f.FloorWrites, f.FloorAll, f.FloorP50, f.FloorP99, f.GuestnetAll, f.GuestnetP50, f.GuestnetP99, f.Ratio)
+		}
 	}
 	b.WriteString("\nRequests of the manager (host and guest apiservers' audit logs), by verb and resource:\n")
 	for _, r := range results {

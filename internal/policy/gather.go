@@ -14,7 +14,9 @@ import (
 )
 
 // World is what admission reads besides the GuestIngress itself: every policy and every
-// pool (cluster-wide), and the namespaces and GuestIngresses read so far.
+// pool (cluster-wide), and the namespaces and GuestIngresses read so far. Its pools and
+// GuestIngresses are a cache's own objects when the reader is one (listed without a deep
+// copy: every admission reads them all): nothing may change them.
 type World struct {
 	Policies       []guestnetv1.GuestIngressPolicy
 	Pools          map[string]*unstructured.Unstructured
@@ -32,7 +34,7 @@ func Observe(ctx context.Context, reader client.Reader) (*World, error) {
 	}
 	pools := &unstructured.UnstructuredList{}
 	pools.SetGroupVersionKind(ingress.PoolGVK.GroupVersion().WithKind(ingress.PoolGVK.Kind + "List"))
-	if err := reader.List(ctx, pools); err != nil {
+	if err := reader.List(ctx, pools, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
 	}
 	w := &World{
@@ -66,7 +68,7 @@ func (w *World) Input(ctx context.Context, gi *guestnetv1.GuestIngress) (Input, 
 	siblings, ok := w.guestIngresses[gi.Namespace]
 	if !ok {
 		list := &guestnetv1.GuestIngressList{}
-		if err := w.reader.List(ctx, list, client.InNamespace(gi.Namespace)); err != nil {
+		if err := w.reader.List(ctx, list, client.InNamespace(gi.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 			return Input{}, fmt.Errorf("listing GuestIngresses of namespace %s: %w", gi.Namespace, err)
 		}
 		siblings = list.Items
