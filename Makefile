@@ -143,7 +143,7 @@ test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integr
 # `make bench` (docs/performance.md; not part of `make test`): for each fleet size of BENCH_N, a fresh lab
 # and the real manager binary, built as a release builds it, as its own process (e2e/bench);
 # results, pprof profiles and the plot in BENCH_OUT.
-BENCH_N            ?= 10 100 1000
+BENCH_N            ?= 10 100
 BENCH_BRIDGE_EVERY ?= 5
 BENCH_OUT          ?= out/bench
 
