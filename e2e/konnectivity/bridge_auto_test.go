@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
@@ -47,50 +48,25 @@ func TestKonnectivityLab_ClusterEgressGoesThroughTheAgents(t *testing.T) {
 	g.Expect(l.Konnectivity.Ready(ctx)).To(MatchError(ContainSubstring("500")))
 }
 
-// Mode Auto with the real konnectivity: while the agents carry the `cluster` egress, the
-// bridge leaves every target alone and the calls work through konnectivity; once the agents
-// stop, it takes the webhooks over and the calls work again through it. The APIService it
-// takes over keeps failing: the aggregator dials the bridge's name through the `cluster`
-// egress too, that is through konnectivity, which has no agent (the docs' limitation).
-func TestBridgeAuto_RealKonnectivity(t *testing.T) {
+// Mode Auto with the real konnectivity, in a guest without APIServices (nothing else tells
+// the bridge about the agents): while the agents carry the `cluster` egress, the bridge leaves
+// the webhooks alone and the calls work through konnectivity; once the agents stop, it takes
+// the webhooks over and the calls work again through it.
+func TestBridgeAuto_RealKonnectivity_Webhooks(t *testing.T) {
 	g := NewWithT(t)
 	l, s := start(t)
 	ctx := testContext(t, 10*time.Minute)
-	guest, host := l.Guest.Client, l.Host.Client
-	ns := s.Cluster.Namespace
+	guest := l.Guest.Client
 	const timeout = 60 * time.Second
 	startAgents(t, s)
-
-	startDataPath(t, l)
-	lab.StartManager(t, l, manager.Options{WatchNamespace: ns}, manager.SetupReconcilers)
-
-	// The user has prepared cert-manager for the bridge (chart value webhook.url.host), so
-	// that a bridged call verifies.
-	hostService := s.Cluster.Name + "-" + lab.CertManagerNamespace + "-" + lab.CertManagerWebhookName
-	serverName := hostService + "." + ns + ".svc"
-	g.Expect(s.CertManager.SetWebhookDNSNames(ctx, l, serverName)).To(Succeed())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_ = s.CertManager.SetWebhookDNSNames(ctx, l)
-	})
+	withoutMetricsAPIService(t, l)
+	serverName := startBridging(t, l, s)
 	chartValidating := getValidating(ctx, g, guest)
 
-	gwb := &guestnetv1.GuestWebhookBridge{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auto"},
-		Spec: guestnetv1.GuestWebhookBridgeSpec{
-			ClusterName:        s.Cluster.Name,
-			APIServices:        &guestnetv1.TargetSelector{Names: []string{lab.MetricsAPIServiceName}},
-			ValidatingWebhooks: &guestnetv1.TargetSelector{Names: []string{lab.CertManagerWebhookName}},
-			MutatingWebhooks:   &guestnetv1.TargetSelector{Names: []string{lab.CertManagerWebhookName}},
-		},
-	}
-	g.Expect(host.Create(ctx, gwb)).To(Succeed())
-	t.Cleanup(func() { _ = host.Delete(context.Background(), gwb) })
-
-	// Healthy agents: every target left alone, and the calls work through konnectivity.
-	eventuallyBridge(ctx, g, host, gwb, timeout, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
-		g.Expect(got.Status.Targets).To(HaveLen(3))
+	gwb := createBridge(t, l, s, "webhooks", false)
+	// Healthy agents: the webhooks left alone, and the calls work through konnectivity.
+	eventuallyBridge(ctx, g, l.Host.Client, gwb, timeout, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
+		g.Expect(got.Status.Targets).To(HaveLen(2))
 		for _, tg := range got.Status.Targets {
 			g.Expect(tg.Message).To(HavePrefix("left alone (mode Auto)"), "%s", tg.Name)
 		}
@@ -104,48 +80,26 @@ func TestBridgeAuto_RealKonnectivity(t *testing.T) {
 	// fail, until the bridge takes the webhooks over.
 	stopped := time.Now()
 	stopAgents(t, s)
-	t.Logf("with the agents stopped, before the bridge acts: %v", createClusterIssuer(ctx, guest, "stopped"))
-	g.Eventually(func(g Gomega) {
-		cc := getValidating(ctx, g, guest).Webhooks[0].ClientConfig
-		g.Expect(cc.Service).To(BeNil())
-		g.Expect(cc.URL).To(HaveValue(ContainSubstring(serverName)))
-	}).WithTimeout(timeout).WithPolling(200 * time.Millisecond).Should(Succeed())
+	t.Logf("with the agents stopped, before the bridge acts, the user sees: %v", createClusterIssuer(ctx, guest, "stopped"))
+	eventuallyBridged(ctx, g, guest, serverName, timeout)
 	t.Logf("the bridge took the webhooks over %s after the agents stopped", time.Since(stopped).Round(time.Second))
 	g.Eventually(func() error { return createClusterIssuer(ctx, guest, "bridged") }).WithTimeout(timeout).Should(Succeed())
 	g.Expect(guest.Create(ctx, clusterIssuer(uniqueName("invalid"), map[string]any{}))).
 		To(MatchError(ContainSubstring(`admission webhook "` + lab.WebhookName + `" denied the request`)))
-
-	// The APIService: bridged (a guest ExternalName Service naming the host Service), and
-	// still unavailable, since the aggregator's call goes through konnectivity.
-	g.Eventually(func(g Gomega) {
-		got := getAPIService(ctx, g, guest)
-		g.Expect(got.Spec.Service.Name).NotTo(Equal("metrics-server"))
-	}).WithTimeout(timeout).Should(Succeed())
-	var seen apiregistrationv1.APIServiceCondition
-	g.Eventually(func(g Gomega) {
-		seen = metricsAvailable(ctx, g, guest)
-		g.Expect(seen.Status).To(Equal(apiregistrationv1.ConditionFalse))
-		g.Expect(seen.Message).To(ContainSubstring(".svc"))
-	}).WithTimeout(timeout).Should(Succeed())
-	t.Logf("the metrics APIService, bridged, with no agent: %s: %s", seen.Reason, seen.Message)
-	got := &guestnetv1.GuestWebhookBridge{}
-	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(gwb), got)).To(Succeed())
-	for _, tg := range got.Status.Targets {
-		t.Logf("bridge status of %s %s: bridged=%v reachable=%v %q", tg.Kind, tg.Name, tg.Bridged, ptr.Deref(tg.Reachable, false), tg.Message)
-	}
-	t.Logf("TargetsReachable: %v", conditions.Get(got, guestnetv1.TargetsReachableCondition))
-	t.Logf("Ready: %v", conditions.Get(got, guestnetv1.ReadyCondition))
 }
 
-// How mode Auto decides that the agents carry the traffic: the agents' Pods are Ready while
-// their process runs (no readiness probe in the DaemonSets users run), connected to the
-// server or not. Agents cut off from the server leave every service-referenced call failing.
+// How mode Auto decides that the agents carry the traffic, in a guest without APIServices:
+// the agents' Pods are Ready while their process runs (the DaemonSets users run have no
+// readiness probe), connected to the server or not. With the agents cut off from the server,
+// every service-referenced call fails: the bridge must take the webhooks over.
 func TestBridgeAuto_AgentsRunningButCutOff(t *testing.T) {
 	g := NewWithT(t)
 	l, s := start(t)
 	ctx := testContext(t, 5*time.Minute)
 	guest := l.Guest.Client
 	startAgents(t, s)
+	withoutMetricsAPIService(t, l)
+	serverName := startBridging(t, l, s)
 	for _, a := range s.Agents {
 		a.CutOff()
 		t.Cleanup(func() { _ = a.Reconnect() })
@@ -159,6 +113,160 @@ func TestBridgeAuto_AgentsRunningButCutOff(t *testing.T) {
 	err := createClusterIssuer(ctx, guest, "cut-off")
 	g.Expect(err).To(MatchError(ContainSubstring(`failed calling webhook "` + lab.WebhookName + `"`)))
 	t.Logf("agents running but cut off, the user sees: %v", err)
+
+	gwb := createBridge(t, l, s, "cut-off", false)
+	eventuallyBridged(ctx, g, guest, serverName, 60*time.Second)
+	g.Eventually(func() error { return createClusterIssuer(ctx, guest, "bridged") }).WithTimeout(time.Minute).Should(Succeed())
+	got := &guestnetv1.GuestWebhookBridge{}
+	g.Expect(l.Host.Client.Get(ctx, client.ObjectKeyFromObject(gwb), got)).To(Succeed())
+	t.Logf("the bridge's targets: %+v", got.Status.Targets)
+}
+
+// The docs' limitation: an APIService follows the `cluster` egress, i.e. konnectivity. With
+// the agents stopped, the aggregator cannot reach metrics-server through its Service, nor
+// through the bridge's name (the call goes to the agents all the same). What the user sees.
+func TestBridgeAuto_RealKonnectivity_APIService(t *testing.T) {
+	g := NewWithT(t)
+	l, s := start(t)
+	ctx := testContext(t, 10*time.Minute)
+	guest, host := l.Guest.Client, l.Host.Client
+	const timeout = 60 * time.Second
+	startAgents(t, s)
+	startBridging(t, l, s)
+	g.Eventually(func() apiregistrationv1.ConditionStatus { return metricsAvailable(ctx, g, guest).Status }).
+		WithTimeout(2 * time.Minute).Should(Equal(apiregistrationv1.ConditionTrue))
+
+	gwb := createBridge(t, l, s, "apiservice", true)
+	eventuallyBridge(ctx, g, host, gwb, timeout, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
+		g.Expect(got.Status.Targets).To(HaveLen(3))
+		for _, tg := range got.Status.Targets {
+			g.Expect(tg.Message).To(HavePrefix("left alone (mode Auto)"), "%s", tg.Name)
+		}
+	})
+
+	stopAgents(t, s)
+	var seen apiregistrationv1.APIServiceCondition
+	g.Eventually(func(g Gomega) {
+		seen = metricsAvailable(ctx, g, guest)
+		g.Expect(seen.Status).To(Equal(apiregistrationv1.ConditionFalse))
+	}).WithTimeout(2 * time.Minute).Should(Succeed())
+	t.Logf("the metrics APIService with no agent: %s: %s", seen.Reason, seen.Message)
+	// The bridge takes it over (a guest ExternalName Service naming the host Service), and
+	// the aggregator's next check goes to that name, through konnectivity.
+	g.Eventually(func(g Gomega) {
+		g.Expect(getAPIService(ctx, g, guest).Spec.Service.Name).NotTo(Equal("metrics-server"))
+	}).WithTimeout(timeout).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		seen = metricsAvailable(ctx, g, guest)
+		g.Expect(seen.Message).To(ContainSubstring(s.Cluster.Namespace + ".svc"))
+	}).WithTimeout(2 * time.Minute).Should(Succeed())
+	t.Logf("after the bridge acted: APIService %s %s: %s: %s", getAPIService(ctx, g, guest).Spec.Service, seen.Status, seen.Reason, seen.Message)
+	got := &guestnetv1.GuestWebhookBridge{}
+	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(gwb), got)).To(Succeed())
+	for _, tg := range got.Status.Targets {
+		t.Logf("bridge status of %s %s: bridged=%v reachable=%v %q", tg.Kind, tg.Name, tg.Bridged, ptr.Deref(tg.Reachable, false), tg.Message)
+	}
+	t.Logf("TargetsReachable: %v", conditions.Get(got, guestnetv1.TargetsReachableCondition))
+
+	// The agents come back: the metrics API must work again.
+	startAgents(t, s)
+	g.Eventually(func(g Gomega) {
+		seen = metricsAvailable(ctx, g, guest)
+		g.Expect(seen.Status).To(Equal(apiregistrationv1.ConditionTrue), "%s: %s", seen.Reason, seen.Message)
+	}).WithTimeout(2 * time.Minute).Should(Succeed())
+}
+
+// startBridging starts what a bridged call goes through (the Cilium and guest kube-proxy
+// stand-ins) and the manager, and lets cert-manager's certificate carry the bridge's name
+// (the chart value webhook.url.host, set beforehand). It returns that name.
+func startBridging(t *testing.T, l *lab.Lab, s *setup) string {
+	t.Helper()
+	ctx := testContext(t, 2*time.Minute)
+	startDataPath(t, l)
+	lab.StartManager(t, l, manager.Options{WatchNamespace: s.Cluster.Namespace}, manager.SetupReconcilers)
+	hostService := s.Cluster.Name + "-" + lab.CertManagerNamespace + "-" + lab.CertManagerWebhookName
+	serverName := hostService + "." + s.Cluster.Namespace + ".svc"
+	if err := s.CertManager.SetWebhookDNSNames(ctx, l, serverName); err != nil {
+		t.Fatalf("adding the bridge's name to cert-manager's certificate: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = s.CertManager.SetWebhookDNSNames(ctx, l)
+	})
+	return serverName
+}
+
+// createBridge creates a bridge in mode Auto of cert-manager's webhooks (and the metrics
+// APIService); it is deleted, and its targets restored, when the test ends.
+func createBridge(t *testing.T, l *lab.Lab, s *setup, name string, apiService bool) *guestnetv1.GuestWebhookBridge {
+	t.Helper()
+	gwb := &guestnetv1.GuestWebhookBridge{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.Cluster.Namespace, Name: name},
+		Spec: guestnetv1.GuestWebhookBridgeSpec{
+			ClusterName:        s.Cluster.Name,
+			ValidatingWebhooks: &guestnetv1.TargetSelector{Names: []string{lab.CertManagerWebhookName}},
+			MutatingWebhooks:   &guestnetv1.TargetSelector{Names: []string{lab.CertManagerWebhookName}},
+		},
+	}
+	if apiService {
+		gwb.Spec.APIServices = &guestnetv1.TargetSelector{Names: []string{lab.MetricsAPIServiceName}}
+	}
+	ctx := testContext(t, time.Minute)
+	if err := l.Host.Client.Create(ctx, gwb); err != nil {
+		t.Fatalf("creating the bridge: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = l.Host.Client.Delete(ctx, gwb)
+		err := wait(ctx, func() bool {
+			return apierrors.IsNotFound(l.Host.Client.Get(ctx, client.ObjectKeyFromObject(gwb), &guestnetv1.GuestWebhookBridge{}))
+		})
+		if err != nil {
+			t.Errorf("the bridge %s was not deleted: %v", name, err)
+		}
+	})
+	return gwb
+}
+
+// eventuallyBridged waits until cert-manager's validating webhook is in url mode (naming
+// serverName when set).
+func eventuallyBridged(ctx context.Context, g Gomega, guest client.Client, serverName string, timeout time.Duration) {
+	g.Eventually(func(g Gomega) {
+		cc := getValidating(ctx, g, guest).Webhooks[0].ClientConfig
+		g.Expect(cc.Service).To(BeNil())
+		g.Expect(cc.URL).To(HaveValue(ContainSubstring(serverName)))
+	}).WithTimeout(timeout).WithPolling(200 * time.Millisecond).Should(Succeed())
+}
+
+// withoutMetricsAPIService deletes the metrics APIService for the test: a guest without
+// APIServices, whose failing discovery check would otherwise tell the bridge about the agents.
+func withoutMetricsAPIService(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	ctx := testContext(t, time.Minute)
+	g := NewWithT(t)
+	saved := getAPIService(ctx, g, l.Guest.Client)
+	g.Expect(l.Guest.Client.Delete(ctx, saved)).To(Succeed())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		again := &apiregistrationv1.APIService{ObjectMeta: metav1.ObjectMeta{Name: saved.Name, Labels: saved.Labels, Annotations: saved.Annotations}, Spec: saved.Spec}
+		if err := l.Guest.Client.Create(ctx, again); err != nil {
+			t.Errorf("restoring the metrics APIService: %v", err)
+		}
+	})
+}
+
+func wait(ctx context.Context, done func() bool) error {
+	for !done() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 func startDataPath(t *testing.T, l *lab.Lab) {
