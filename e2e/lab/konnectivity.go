@@ -383,7 +383,8 @@ func (a *KonnectivityAgent) Start(ctx context.Context) error {
 	if err := a.setPodStatus(ctx, true); err != nil {
 		return err
 	}
-	go a.reportExit(proc, a.exited)
+	// The exit is reported whenever it comes, long after Start's ctx.
+	go a.reportExit(context.WithoutCancel(ctx), proc, a.exited)
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return proc.waitReady(ctx, a.connected)
@@ -403,10 +404,10 @@ func (a *KonnectivityAgent) Stop() {
 
 // reportExit sets the Pod not Ready once proc exits, as the kubelet does when the container
 // of a DaemonSet Pod exits (restartPolicy Always: it waits in CrashLoopBackOff).
-func (a *KonnectivityAgent) reportExit(proc *process, exited chan struct{}) {
+func (a *KonnectivityAgent) reportExit(ctx context.Context, proc *process, exited chan struct{}) {
 	defer close(exited)
 	<-proc.done
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = a.setPodStatus(ctx, false) // the lab may be stopping: nobody reads it then
 }
@@ -623,9 +624,10 @@ func (r *vmClusterIPStandIn) pick(ctx context.Context, t clusterIPTarget) string
 			return ""
 		}
 		r.mu.Lock()
-		defer r.mu.Unlock()
 		r.next++
-		return eps[r.next%len(eps)]
+		i := r.next % len(eps)
+		r.mu.Unlock()
+		return eps[i]
 	}
 	return ""
 }
