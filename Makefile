@@ -28,6 +28,10 @@ METRICS_SERVER_VERSION ?= v0.8.0
 # Cilium's LB-IPAM runs for real in the host cluster: the operator's lbipam cell alone, from
 # the same release as the Cilium CRDs (hack/tools/lbipam, whose go.mod pins it).
 CILIUM_LBIPAM_VERSION  ?= $(CILIUM_VERSION)
+# konnectivity (apiserver-network-proxy) server and agent, for the lab's guest flavour with an
+# egress selector: the release whose konnectivity-client kube-apiserver $(K8S_VERSION) uses
+# (hack/tools/konnectivity, whose go.mod pins it).
+KONNECTIVITY_VERSION   ?= v0.36.0
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
@@ -43,6 +47,8 @@ CLUSTERCTL         := $(CLUSTERCTL_BIN)/clusterctl
 CAPI_MANAGER       := $(CLUSTERCTL_BIN)/capi-manager
 CILIUM_BIN         := $(CACHE_DIR)/cilium-$(CILIUM_LBIPAM_VERSION)
 CILIUM_LBIPAM      := $(CILIUM_BIN)/cilium-lbipam
+KONNECTIVITY_BIN   := $(CACHE_DIR)/konnectivity-$(KONNECTIVITY_VERSION)
+KONNECTIVITY       := $(KONNECTIVITY_BIN)/konnectivity-server $(KONNECTIVITY_BIN)/konnectivity-agent
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
@@ -109,7 +115,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 # The release the clusterctl tests install (written by `make release-manifests`).
@@ -260,7 +266,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
@@ -316,6 +322,16 @@ $(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
+
+# konnectivity's server and agent (cmd/server, cmd/agent of sigs.k8s.io/apiserver-network-proxy);
+# its go.mod requires konnectivity-client at the same version explicitly (the project's own
+# replace of it is not seen from another module).
+$(KONNECTIVITY_BIN)/konnectivity-%: hack/tools/konnectivity/go.mod hack/tools/konnectivity/go.sum
+	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/apiserver-network-proxy $(KONNECTIVITY_VERSION)( |$$)' hack/tools/konnectivity/go.mod || \
+		{ echo "hack/tools/konnectivity/go.mod does not pin sigs.k8s.io/apiserver-network-proxy $(KONNECTIVITY_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,konnectivity $* $(KONNECTIVITY_VERSION) (hack/tools/konnectivity),cd hack/tools/konnectivity && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/apiserver-network-proxy/cmd/$* && mv $@.tmp $@)
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)

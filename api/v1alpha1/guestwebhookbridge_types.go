@@ -48,6 +48,12 @@ const (
 	// WaitingForAvailabilityReason: mode Auto waits for the aggregator's first verdict on an
 	// APIService before deciding whether it needs the bridge.
 	WaitingForAvailabilityReason = "WaitingForAvailability"
+	// APIServiceViaKonnectivityReason: mode Auto does not bridge an APIService the
+	// aggregator cannot reach in a guest that runs konnectivity agents: the aggregator dials
+	// every APIService through the `cluster` egress, i.e. through the agents, whatever
+	// Service it names, so the bridge cannot help (and, once the agents work again, a bridged
+	// APIService would stay broken: the agents cannot reach host Services).
+	APIServiceViaKonnectivityReason = "APIServiceViaKonnectivity"
 	// TooManyTargetsReason: the selection matches more than MaxTargets targets; the message
 	// names what was left out. guestnet bridges the first MaxTargets (those it already
 	// rewrote first) and touches none of the others.

@@ -157,7 +157,7 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 
 // readOnly lists the cache's own objects instead of deep copies of them. Every GuestIngress
 // reconcile and several event mappers read every GuestIngress and pool: copying them cost
-// memory and CPU in proportion to the fleet on each (issue 13, docs/performance.md). The
+// memory and CPU in proportion to the fleet on each (docs/performance.md). The
 // objects so listed must never be changed.
 var readOnly = client.UnsafeDisableDeepCopy
 

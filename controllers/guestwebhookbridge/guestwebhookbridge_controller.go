@@ -90,6 +90,9 @@ type scope struct {
 	keepHost, keepGuest map[string]bool
 	// paused is true when CAPI pause applies: then only the Paused condition is written.
 	paused bool
+	// reliesOnEgress: mode Auto leaves webhooks alone because the guest apiserver reaches
+	// their Services itself (konnectivity), which must be checked again soon.
+	reliesOnEgress bool
 	// patchHelper writes the bridge back at the end of the reconcile; original is the state
 	// it compares with.
 	patchHelper *patch.Helper

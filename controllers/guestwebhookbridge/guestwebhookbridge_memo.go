@@ -112,10 +112,15 @@ func (m *memo) forget(uid types.UID) {
 // read returns the memoized answer of read for key, calling it when there is none younger
 // than recheckAfter. Errors are not kept.
 func (m *memo) read(key string, read func() (any, error)) (any, error) {
+	return m.readFor(key, recheckAfter, read)
+}
+
+// readFor is read with answers kept for ttl.
+func (m *memo) readFor(key string, ttl time.Duration, read func() (any, error)) (any, error) {
 	m.mu.Lock()
 	a, ok := m.reads[key]
 	m.mu.Unlock()
-	if ok && m.now().Sub(a.at) < recheckAfter {
+	if ok && m.now().Sub(a.at) < ttl {
 		return a.value, nil
 	}
 	v, err := read()

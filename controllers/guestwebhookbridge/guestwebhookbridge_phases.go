@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
@@ -144,6 +148,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		}
 	}
 	next := r.probe(ctx, s, plan)
+	if s.reliesOnEgress {
+		// Webhooks left alone on the guest's own egress: look again soon (egressChecks).
+		next = min(next, egressRecheckAfter)
+	}
 
 	r.recordWarnings(gwb, plan)
 	gwb.Status.Targets = bridge.TargetStatuses(plan)
@@ -212,7 +220,12 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, erro
 		if err != nil {
 			return nil, err
 		}
-		in.Reach = bridge.GuestReachesServices(agents, obs.APIServices)
+		in.Reach = bridge.GuestReachesServices(agents, obs.APIServices, nil)
+		if in.Reach.Reaches {
+			// Ready agent Pods are no proof: ask the guest apiserver to reach the Services.
+			in.Reach = bridge.GuestReachesServices(agents, obs.APIServices, r.egressChecks(ctx, s, targets))
+		}
+		s.reliesOnEgress = in.Reach.Reaches
 	}
 	return bridge.MakePlan(in), nil
 }
@@ -304,22 +317,82 @@ func observeGuest(ctx context.Context, guest client.Reader) (bridge.Observed, []
 		services.Items, nil
 }
 
-// needsReachability reports whether mode Auto has a webhook to decide on: one that references
-// a Service and that guestnet has not rewritten.
+// needsReachability reports whether mode Auto has a target to decide on: one that references
+// a Service and that guestnet has not rewritten (a webhook needs the evidence, an APIService
+// whether the guest runs konnectivity).
 func needsReachability(targets []bridge.Target) bool {
 	for _, t := range targets {
-		if t.IsWebhook() && t.Service != nil && t.Record == nil {
+		if t.Service != nil && t.Record == nil {
 			return true
 		}
 	}
 	return false
 }
 
+// egressRecheckAfter is how long the evidence that the guest apiserver reaches guest Services
+// (the agents, the egress checks) is kept while webhooks are left alone on it: agents that
+// stop change nothing guestnet watches, and until the evidence is read again the webhooks
+// left alone fail.
+const egressRecheckAfter = 30 * time.Second
+
+// egressChecks asks the guest apiserver to reach the Service of every webhook mode Auto has
+// to decide on (a GET through its service proxy, which dials through the `cluster` egress,
+// as a webhook call does), at most once per egressRecheckAfter per Service.
+func (r *Reconciler) egressChecks(ctx context.Context, s *scope, targets []bridge.Target) []bridge.EgressCheck {
+	key := client.ObjectKeyFromObject(s.cluster)
+	var refs []bridge.ServiceRef
+	for _, t := range targets {
+		if t.IsWebhook() && t.Service != nil && t.Record == nil {
+			ref := bridge.ServiceRef{Namespace: t.Service.Namespace, Name: t.Service.Name, Port: t.Service.Port}
+			if !slices.Contains(refs, ref) {
+				refs = append(refs, ref)
+			}
+		}
+	}
+	checks := make([]bridge.EgressCheck, 0, len(refs))
+	for _, ref := range refs {
+		v, _ := r.memo().readFor("egress/"+key.String()+"/"+ref.String(), egressRecheckAfter, func() (any, error) {
+			code, body, err := r.proxyGet(ctx, key, ref)
+			return bridge.CheckEgress(ref, code, body, err), nil
+		})
+		checks = append(checks, v.(bridge.EgressCheck))
+	}
+	return checks
+}
+
+// proxyGet GETs "/" of the Service through the guest apiserver's service proxy, and returns
+// the status code and body of the answer.
+func (r *Reconciler) proxyGet(ctx context.Context, cluster client.ObjectKey, ref bridge.ServiceRef) (int, []byte, error) {
+	cfg, err := r.ClusterCache.GetRESTConfig(ctx, cluster)
+	if err != nil {
+		return 0, nil, err
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return 0, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, bridge.ProbeTimeout)
+	defer cancel()
+	u := fmt.Sprintf("%s/api/v1/namespaces/%s/services/https:%s:%d/proxy/",
+		strings.TrimSuffix(cfg.Host, "/"), url.PathEscape(ref.Namespace), url.PathEscape(ref.Name), ref.Port)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, http.NoBody)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, body, err
+}
+
 // konnectivityAgents lists the guest's konnectivity agent pods, uncached (guestnet never
-// caches the guest's Pods), at most once per recheckAfter per cluster.
+// caches the guest's Pods), at most once per egressRecheckAfter per cluster.
 func (r *Reconciler) konnectivityAgents(ctx context.Context, s *scope) ([]corev1.Pod, error) {
 	key := client.ObjectKeyFromObject(s.cluster)
-	v, err := r.memo().read("konnectivity-agents/"+key.String(), func() (any, error) {
+	v, err := r.memo().readFor("konnectivity-agents/"+key.String(), egressRecheckAfter, func() (any, error) {
 		c, err := r.ClusterCache.GetUncachedClient(ctx, key)
 		if err != nil {
 			return nil, err

@@ -43,6 +43,9 @@ type ControlPlaneOptions struct {
 	// Audit writes the apiserver's audit log (every request's verb, resource, user and user
 	// agent, at Metadata level) to AuditLogPath: what tests count a client's requests from.
 	Audit bool
+	// EgressSelectorConfig, when set, is the kube-apiserver's --egress-selector-config-file
+	// (the guest flavour with konnectivity, see konnectivity.go).
+	EgressSelectorConfig string
 }
 
 // ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
@@ -294,6 +297,9 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		// Blocking mode: an event is in the file before the response is sent.
 		args = append(args, "--audit-policy-file="+p("audit-policy.yaml"), "--audit-log-path="+cp.AuditLogPath(),
 			"--audit-log-format=json", "--audit-log-mode=blocking", "--audit-log-maxsize=0")
+	}
+	if cp.Options.EgressSelectorConfig != "" {
+		args = append(args, "--egress-selector-config-file="+cp.Options.EgressSelectorConfig)
 	}
 	if cp.Options.ResolvConf != "" {
 		if bin, args, err = withResolvConf(cp.Options.ResolvConf, bin, args); err != nil {

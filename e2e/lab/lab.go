@@ -56,6 +56,9 @@ type Lab struct {
 	// stops end what tests started in the lab (third-party servers, ...), last first.
 	stops []func()
 	dns   *hostDNS
+
+	// Konnectivity is the guest's konnectivity server (Options.Konnectivity), nil without.
+	Konnectivity *KonnectivityServer
 }
 
 // Cluster is one control plane of the lab with a client for it.
@@ -75,6 +78,11 @@ type Options struct {
 	// Audit makes both apiservers write an audit log (ControlPlane.AuditLogPath), for tests
 	// that count the manager's requests.
 	Audit bool
+	// Konnectivity starts the guest flavour with konnectivity (konnectivity.go): the guest
+	// apiserver sends its `cluster` egress (service-referenced webhooks, aggregated APIs)
+	// through a konnectivity server next to it, which agents in the worker VMs
+	// (StartKonnectivityAgent) connect to. Without it the guest apiserver dials directly.
+	Konnectivity bool
 }
 
 // Start starts the host and guest control planes in parallel, installs the CRDs in the
@@ -112,6 +120,13 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		}
 	}
 
+	var egressSelectorConfig string
+	if opts.Konnectivity && !opts.SkipGuest {
+		if egressSelectorConfig, err = writeEgressSelectorConfig(opts.Dir); err != nil {
+			return nil, err
+		}
+	}
+
 	var wg sync.WaitGroup
 	var hostErr, guestErr error
 	wg.Go(func() {
@@ -125,6 +140,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 			l.Guest, guestErr = startCluster(ctx, assets, ControlPlaneOptions{
 				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR,
 				Dir: filepath.Join(opts.Dir, "guest"), ResolvConf: resolvConf, Audit: opts.Audit,
+				EgressSelectorConfig: egressSelectorConfig,
 			})
 		})
 	}
@@ -140,6 +156,11 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	}
 	if err := l.installHostCRDs(); err != nil {
 		return nil, err
+	}
+	if egressSelectorConfig != "" {
+		if err := l.startKonnectivityServer(ctx); err != nil {
+			return nil, fmt.Errorf("starting the konnectivity server: %w", err)
+		}
 	}
 	if !opts.SkipLabPolicy {
 		if err := l.createLabPolicy(ctx); err != nil {

@@ -166,7 +166,7 @@ func (l *Lab) InstallCertManager(ctx context.Context, w *Worker) (*CertManager, 
 		corev1.ContainerPort{Name: "https", ContainerPort: CertManagerWebhookPort, Protocol: corev1.ProtocolTCP}); err != nil {
 		return nil, err
 	}
-	if err := createEndpointSlice(ctx, c, cm.Service, w.VMAddress, "https", CertManagerWebhookPort); err != nil {
+	if err := createEndpointSlice(ctx, c, cm.Service, "cert-manager-webhook-6c9dd55dc8-lab01", w.VMAddress, "https", CertManagerWebhookPort); err != nil {
 		return nil, err
 	}
 	cm.ValidatingWebhook, cm.MutatingWebhook = certManagerWebhookConfigurations(webhookLabels)
@@ -574,7 +574,7 @@ func (l *Lab) InstallMetricsServer(ctx context.Context, w *Worker) (*MetricsServ
 		corev1.ContainerPort{Name: "https", ContainerPort: MetricsServerPort, Protocol: corev1.ProtocolTCP}); err != nil {
 		return nil, err
 	}
-	if err := createEndpointSlice(ctx, c, ms.Service, w.VMAddress, "https", MetricsServerPort); err != nil {
+	if err := createEndpointSlice(ctx, c, ms.Service, MetricsServerPodName, w.VMAddress, "https", MetricsServerPort); err != nil {
 		return nil, err
 	}
 	kubeconfig, err := l.serviceAccountKubeconfig(ctx, dir, MetricsServerNamespace, MetricsServerName)
@@ -730,16 +730,18 @@ func (l *Lab) createWorkloadPod(ctx context.Context, w *Worker, ns, name, servic
 }
 
 // createEndpointSlice writes the EndpointSlice the guest's EndpointSlice controller would
-// keep for svc (the lab's guest runs no controller manager): one ready endpoint at address.
-func createEndpointSlice(ctx context.Context, c client.Client, svc *corev1.Service, address, portName string, port int32) error {
+// keep for svc (the lab's guest runs no controller manager): one ready endpoint at address,
+// referring to its Pod (the apiserver's service proxy only dials endpoints that do).
+func createEndpointSlice(ctx context.Context, c client.Client, svc *corev1.Service, pod, address, portName string, port int32) error {
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: svc.Namespace, Name: svc.Name + "-lab",
 			Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "lab.guestnet.dev"},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{address}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{address}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svc.Namespace, Name: pod}}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	}
 	if err := c.Create(ctx, slice); err != nil {
 		return fmt.Errorf("creating EndpointSlice for %s/%s: %w", svc.Namespace, svc.Name, err)

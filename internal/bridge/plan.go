@@ -51,6 +51,9 @@ type Input struct {
 type Reachability struct {
 	Reaches  bool
 	Evidence string
+	// Agents counts the guest's konnectivity agent Pods, ready or not: the guest apiserver
+	// then sends its `cluster` egress, APIServices included, through konnectivity.
+	Agents int
 }
 
 // Action is what the controller must write on a target's object.
@@ -333,6 +336,11 @@ func decide(in Input, t Target) TargetPlan {
 	case auto && !hadRecord && !t.IsWebhook() && t.Available.Status == apiregistrationv1.ConditionTrue:
 		tp.Bridged = true
 		tp.Message = "left alone (mode Auto): Available=True through its Service, the guest apiserver reaches it"
+	case auto && !hadRecord && !t.IsWebhook() && in.Reach.Agents > 0:
+		tp.Reason = guestnetv1.APIServiceViaKonnectivityReason
+		tp.Message = fmt.Sprintf("not bridged (mode Auto): Available=%s through its Service, and the guest runs %d konnectivity agent pods: "+
+			"the aggregator calls every APIService through them (the `cluster` egress), whatever Service it names, so the bridge cannot help. "+
+			"Make the agents carry the traffic (docs/runbook.md#konnectivity-working-or-broken)", t.Available.Status, in.Reach.Agents)
 	case auto && !hadRecord && t.IsWebhook() && in.Reach.Reaches:
 		tp.Bridged = true
 		tp.Message = "left alone (mode Auto): " + in.Reach.Evidence

@@ -178,6 +178,25 @@ func TestMakePlanDecisions(t *testing.T) {
 			wantWarnings:  []string{"insecureSkipTLSVerify is true: the guest apiserver does not verify"},
 		},
 		{
+			// The real konnectivity: the aggregator dials the bridge's name through the agents too.
+			name:         "Auto: APIService unavailable in a guest that runs konnectivity agents",
+			target:       apiServiceTarget(t, metricsAPIService()),
+			reach:        Reachability{Evidence: "no ready konnectivity agent", Agents: 2},
+			wantReason:   guestnetv1.APIServiceViaKonnectivityReason,
+			wantMessage:  "not bridged (mode Auto): Available=False through its Service, and the guest runs 2 konnectivity agent pods",
+			wantWarnings: []string{"insecureSkipTLSVerify is true"},
+		},
+		{
+			name:          "Always: APIService unavailable in a guest that runs konnectivity agents: bridged as asked",
+			gwb:           newBridge(always),
+			target:        apiServiceTarget(t, metricsAPIService()),
+			reach:         Reachability{Agents: 2},
+			wantAction:    RewriteAction,
+			wantBridged:   true,
+			wantViaBridge: true,
+			wantWarnings:  []string{"insecureSkipTLSVerify is true"},
+		},
+		{
 			name:        "Auto: webhook, the guest apiserver reaches guest Services",
 			target:      webhookTarget(t),
 			reach:       Reachability{Reaches: true, Evidence: "3 konnectivity agents are ready"},

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"context"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -22,6 +23,28 @@ func agent(name string, ready corev1.ConditionStatus) corev1.Pod {
 	return p
 }
 
+var (
+	cmRef    = ServiceRef{Namespace: "cert-manager", Name: "cert-manager-webhook", Port: 443}
+	otherRef = ServiceRef{Namespace: "o", Name: "o", Port: 443}
+)
+
+func TestCheckEgress(t *testing.T) {
+	// The guest apiserver's answers, as the real one gives them through konnectivity.
+	const (
+		noAgent     = `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"error trying to reach service: No agent available","reason":"ServiceUnavailable","code":503}`
+		noEndpoints = `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"no endpoints available for service \"cert-manager-webhook\"","reason":"ServiceUnavailable","code":503}`
+	)
+	g := NewWithT(t)
+	g.Expect(CheckEgress(cmRef, 200, nil, nil)).To(Equal(EgressCheck{Service: cmRef}))
+	g.Expect(CheckEgress(cmRef, 503, []byte(noAgent), nil)).
+		To(Equal(EgressCheck{Service: cmRef, Failure: "error trying to reach service: No agent available"}))
+	g.Expect(CheckEgress(cmRef, 503, []byte(noEndpoints), nil)).To(Equal(EgressCheck{Service: cmRef, NoEndpoints: true}))
+	// The server answered, with an error of its own: reached.
+	g.Expect(CheckEgress(cmRef, 404, []byte("404 page not found"), nil)).To(Equal(EgressCheck{Service: cmRef}))
+	g.Expect(CheckEgress(cmRef, 503, []byte("webhook starting"), nil)).To(Equal(EgressCheck{Service: cmRef}))
+	g.Expect(CheckEgress(cmRef, 0, nil, context.DeadlineExceeded)).To(Equal(EgressCheck{Service: cmRef, Failure: "context deadline exceeded"}))
+}
+
 func TestGuestReachesServices(t *testing.T) {
 	recorded := metricsAPIService()
 	recorded.Annotations = map[string]string{guestnetv1.BridgeOriginalAnnotation: "{}"}
@@ -33,6 +56,7 @@ func TestGuestReachesServices(t *testing.T) {
 		name         string
 		agents       []corev1.Pod
 		apiServices  []apiregistrationv1.APIService
+		checks       []EgressCheck
 		wantReaches  bool
 		wantEvidence string
 	}{
@@ -59,6 +83,33 @@ func TestGuestReachesServices(t *testing.T) {
 			wantEvidence: "1 konnectivity agents are ready, but APIService v1beta1.metrics.k8s.io, v1.other.io fails its discovery check through its Service: the agents do not carry the traffic",
 		},
 		{
+			// The real konnectivity: an agent cut off from the server runs, and its Pod is Ready.
+			name:         "agents ready, but the guest apiserver cannot reach a webhook's Service through them",
+			agents:       []corev1.Pod{agent("a", corev1.ConditionTrue)},
+			checks:       []EgressCheck{{Service: cmRef}, {Service: otherRef, Failure: "error trying to reach service: No agent available"}},
+			wantEvidence: "1 konnectivity agents are ready, but the guest apiserver cannot reach Service o/o:443 through them: error trying to reach service: No agent available",
+		},
+		{
+			name:         "agents ready, and the guest apiserver reaches the webhooks' Services through them",
+			agents:       []corev1.Pod{agent("a", corev1.ConditionTrue)},
+			checks:       []EgressCheck{{Service: cmRef}, {Service: otherRef}},
+			wantReaches:  true,
+			wantEvidence: "1 konnectivity agents are ready, the guest apiserver reaches Service cert-manager/cert-manager-webhook:443, o/o:443 through them",
+		},
+		{
+			name:         "a Service without endpoints proves nothing",
+			agents:       []corev1.Pod{agent("a", corev1.ConditionTrue)},
+			checks:       []EgressCheck{{Service: otherRef, NoEndpoints: true}},
+			wantReaches:  true,
+			wantEvidence: "1 konnectivity agents are ready and no APIService fails to reach its Service",
+		},
+		{
+			name:         "no ready agents: no check makes the guest reach its Services",
+			agents:       []corev1.Pod{agent("a", corev1.ConditionFalse)},
+			checks:       []EgressCheck{{Service: cmRef}},
+			wantEvidence: "no ready konnectivity agent",
+		},
+		{
 			name:         "a failing APIService guestnet rewrote says nothing about the agents",
 			agents:       []corev1.Pod{agent("a", corev1.ConditionTrue)},
 			apiServices:  []apiregistrationv1.APIService{*recorded},
@@ -69,8 +120,9 @@ func TestGuestReachesServices(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			r := GuestReachesServices(tt.agents, tt.apiServices)
+			r := GuestReachesServices(tt.agents, tt.apiServices, tt.checks)
 			g.Expect(r.Reaches).To(Equal(tt.wantReaches))
+			g.Expect(r.Agents).To(Equal(len(tt.agents)), "agent pods, ready or not")
 			g.Expect(r.Evidence).To(ContainSubstring(tt.wantEvidence))
 		})
 	}

@@ -27,6 +27,7 @@ var bridgedReasons = []string{
 	guestnetv1.NodePortConflictReason,
 	guestnetv1.GuestServiceNotFoundReason,
 	guestnetv1.TargetNotFoundReason,
+	guestnetv1.APIServiceViaKonnectivityReason,
 	guestnetv1.WaitingForAvailabilityReason,
 	guestnetv1.TooManyTargetsReason,
 }

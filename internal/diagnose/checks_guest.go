@@ -296,7 +296,7 @@ func probeProblem(p ProbeOutcome) string {
 func checkKonnectivity(s *State) Result {
 	r := Result{Check: CheckKonnectivity}
 	agents := s.Guest.Agents
-	reach := bridge.GuestReachesServices(agents, s.Guest.Observed.APIServices)
+	reach := bridge.GuestReachesServices(agents, s.Guest.Observed.APIServices, nil)
 	switch {
 	case reach.Reaches:
 		r.Verdict, r.Detail = OK, reach.Evidence+" (GuestWebhookBridges in mode Auto leave service references alone)"
