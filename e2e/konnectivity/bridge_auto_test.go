@@ -182,15 +182,18 @@ func TestBridgeAuto_RealKonnectivity_APIService(t *testing.T) {
 
 	// The webhooks are taken over; the APIService is not, and the bridge says why.
 	eventuallyBridged(ctx, g, guest, "", timeout)
+	// (The bridge's conditions and its targets are two status patches: both are awaited.)
 	got := eventuallyBridge(ctx, g, host, gwb, timeout, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
 		g.Expect(conditions.GetReason(got, guestnetv1.TargetsBridgedCondition)).To(Equal(guestnetv1.APIServiceViaKonnectivityReason))
+		for _, tg := range got.Status.Targets {
+			if tg.Kind == guestnetv1.APIServiceTarget {
+				g.Expect(tg.Bridged).To(BeFalse())
+				g.Expect(tg.Message).To(ContainSubstring("the aggregator calls every APIService through them"))
+			}
+		}
 	})
 	for _, tg := range got.Status.Targets {
 		t.Logf("bridge status of %s %s: bridged=%v %q", tg.Kind, tg.Name, tg.Bridged, tg.Message)
-		if tg.Kind == guestnetv1.APIServiceTarget {
-			g.Expect(tg.Bridged).To(BeFalse())
-			g.Expect(tg.Message).To(ContainSubstring("the aggregator calls every APIService through them"))
-		}
 	}
 	t.Logf("TargetsBridged: %s", conditions.GetMessage(got, guestnetv1.TargetsBridgedCondition))
 	g.Expect(getAPIService(ctx, g, guest).Spec).To(Equal(chartAPIService.Spec), "the APIService is left as it is")
