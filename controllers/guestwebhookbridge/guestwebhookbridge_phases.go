@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
@@ -340,52 +336,19 @@ const egressRecheckAfter = 30 * time.Second
 // as a webhook call does), at most once per egressRecheckAfter per Service.
 func (r *Reconciler) egressChecks(ctx context.Context, s *scope, targets []bridge.Target) []bridge.EgressCheck {
 	key := client.ObjectKeyFromObject(s.cluster)
-	var refs []bridge.ServiceRef
-	for _, t := range targets {
-		if t.IsWebhook() && t.Service != nil && t.Record == nil {
-			ref := bridge.ServiceRef{Namespace: t.Service.Namespace, Name: t.Service.Name, Port: t.Service.Port}
-			if !slices.Contains(refs, ref) {
-				refs = append(refs, ref)
-			}
-		}
-	}
+	refs := bridge.EgressRefs(targets)
 	checks := make([]bridge.EgressCheck, 0, len(refs))
 	for _, ref := range refs {
 		v, _ := r.memo().readFor("egress/"+key.String()+"/"+ref.String(), egressRecheckAfter, func() (any, error) {
-			code, body, err := r.proxyGet(ctx, key, ref)
-			return bridge.CheckEgress(ref, code, body, err), nil
+			cfg, err := r.ClusterCache.GetRESTConfig(ctx, key)
+			if err != nil {
+				return bridge.CheckEgress(ref, 0, nil, err), nil
+			}
+			return bridge.ProbeEgress(ctx, cfg, ref), nil
 		})
 		checks = append(checks, v.(bridge.EgressCheck))
 	}
 	return checks
-}
-
-// proxyGet GETs "/" of the Service through the guest apiserver's service proxy, and returns
-// the status code and body of the answer.
-func (r *Reconciler) proxyGet(ctx context.Context, cluster client.ObjectKey, ref bridge.ServiceRef) (int, []byte, error) {
-	cfg, err := r.ClusterCache.GetRESTConfig(ctx, cluster)
-	if err != nil {
-		return 0, nil, err
-	}
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		return 0, nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, bridge.ProbeTimeout)
-	defer cancel()
-	u := fmt.Sprintf("%s/api/v1/namespaces/%s/services/https:%s:%d/proxy/",
-		strings.TrimSuffix(cfg.Host, "/"), url.PathEscape(ref.Namespace), url.PathEscape(ref.Name), ref.Port)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, http.NoBody)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return resp.StatusCode, body, err
 }
 
 // konnectivityAgents lists the guest's konnectivity agent pods, uncached (guestnet never

@@ -291,12 +291,13 @@ func probeProblem(p ProbeOutcome) string {
 	}
 }
 
-// checkKonnectivity: which case the cluster is in (docs/runbook.md, "Konnectivity: working or broken"): konnectivity agents that
-// carry the guest apiserver's calls to guest Services, agents that do not, or none.
+// checkKonnectivity: which case the cluster is in (docs/runbook.md, "Konnectivity: working or
+// broken"): konnectivity agents that carry the guest apiserver's calls to guest Services (its
+// egress reaches the webhooks' Services), agents that do not, or none.
 func checkKonnectivity(s *State) Result {
 	r := Result{Check: CheckKonnectivity}
 	agents := s.Guest.Agents
-	reach := bridge.GuestReachesServices(agents, s.Guest.Observed.APIServices, nil)
+	reach := bridge.GuestReachesServices(agents, s.Guest.Observed.APIServices, s.Guest.Egress)
 	switch {
 	case reach.Reaches:
 		r.Verdict, r.Detail = OK, reach.Evidence+" (GuestWebhookBridges in mode Auto leave service references alone)"

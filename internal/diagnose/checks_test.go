@@ -467,6 +467,7 @@ func TestDiagnose_Konnectivity(t *testing.T) {
 		name    string
 		agents  []corev1.Pod
 		apiSvc  *apiregistrationv1.APIService
+		egress  []bridge.EgressCheck
 		verdict Verdict
 		detail  string
 	}{
@@ -475,12 +476,20 @@ func TestDiagnose_Konnectivity(t *testing.T) {
 		{name: "none ready", agents: []corev1.Pod{agent(false)}, verdict: Warn, detail: "1 konnectivity agent pods: no ready konnectivity agent"},
 		{name: "ready, but an APIService fails through its Service", agents: []corev1.Pod{agent(true)}, apiSvc: chartAPIService(apiregistrationv1.ConditionFalse),
 			verdict: Warn, detail: "but APIService v1beta1.metrics.k8s.io fails its discovery check through its Service: the agents do not carry the traffic"},
+		// Agents cut off from the konnectivity server stay Ready (no readiness probe).
+		{name: "ready, but the guest apiserver cannot reach a webhook's Service through them", agents: []corev1.Pod{agent(true)},
+			egress:  []bridge.EgressCheck{{Service: bridge.ServiceRef{Namespace: "cert-manager", Name: "cert-manager-webhook", Port: 443}, Failure: "error trying to reach service: No agent available"}},
+			verdict: Warn, detail: "cannot reach Service cert-manager/cert-manager-webhook:443 through them: error trying to reach service: No agent available"},
+		{name: "ready, and the guest apiserver reaches the webhooks' Services", agents: []corev1.Pod{agent(true)},
+			egress:  []bridge.EgressCheck{{Service: bridge.ServiceRef{Namespace: "cert-manager", Name: "cert-manager-webhook", Port: 443}}},
+			verdict: OK, detail: "reaches Service cert-manager/cert-manager-webhook:443 through them"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
 			s := healthy(t)
 			s.Guest.Agents = tt.agents
+			s.Guest.Egress = tt.egress
 			if tt.apiSvc != nil {
 				s.Guest.Observed.APIServices[0] = *tt.apiSvc
 			}

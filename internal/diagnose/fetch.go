@@ -186,6 +186,20 @@ func readGuest(ctx context.Context, host client.Reader, cluster *clusterv1.Clust
 		return g, nil
 	}
 	g.Agents = agents.Items
+	if len(g.Agents) > 0 {
+		// Ready agent Pods are no proof: ask the guest apiserver to reach the webhooks'
+		// Services through its egress, as the bridge does in mode Auto.
+		var targets []bridge.Target
+		for i := range g.Observed.ValidatingWebhooks {
+			targets = append(targets, bridge.WebhookTargets(&g.Observed.ValidatingWebhooks[i])...)
+		}
+		for i := range g.Observed.MutatingWebhooks {
+			targets = append(targets, bridge.WebhookTargets(&g.Observed.MutatingWebhooks[i])...)
+		}
+		for _, ref := range bridge.EgressRefs(targets) {
+			g.Egress = append(g.Egress, bridge.ProbeEgress(ctx, cfg, ref))
+		}
+	}
 
 	cm := &corev1.ConfigMap{}
 	switch err := c.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "cilium-config"}, cm); {

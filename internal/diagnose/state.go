@@ -74,6 +74,9 @@ type Guest struct {
 	Services []corev1.Service
 	// Agents are the konnectivity agent pods (kube-system, k8s-app=konnectivity-agent).
 	Agents []corev1.Pod
+	// Egress is the guest apiserver's reach of the webhooks' Services through its `cluster`
+	// egress (service proxy GETs), read only when there are agents.
+	Egress []bridge.EgressCheck
 }
 
 // ProbeOutcome is one probe of a target, from where diagnose runs.

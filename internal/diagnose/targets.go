@@ -119,7 +119,7 @@ func Classify(s *State) ([]TargetView, []ObjectError) {
 		byKey[views[i].Observed.Key()] = &views[i]
 	}
 
-	reach := bridge.GuestReachesServices(g.Agents, g.Observed.APIServices, nil)
+	reach := bridge.GuestReachesServices(g.Agents, g.Observed.APIServices, g.Egress)
 	for i := range s.Bridges {
 		b := &s.Bridges[i]
 		host := bridge.ReadHostRecords(ownership.BridgeID(b), b.Status.Records)
