@@ -28,6 +28,11 @@ METRICS_SERVER_VERSION ?= v0.8.0
 # Cilium's LB-IPAM runs for real in the host cluster: the operator's lbipam cell alone, from
 # the same release as the Cilium CRDs (hack/tools/lbipam, whose go.mod pins it).
 CILIUM_LBIPAM_VERSION  ?= $(CILIUM_VERSION)
+# CAPK's manager runs for real in the host cluster (lab.StartCAPK), the release of the lab's
+# CAPK CRDs, built in its own tools module (hack/tools/capk, whose go.mod pins it and keeps
+# CAPK's own pins: CAPI v1.11, controller-runtime v0.22, k8s v0.34; it cannot build against
+# the provider's CAPI v1.14).
+CAPK_MANAGER_VERSION   ?= $(CAPK_VERSION)
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
@@ -43,6 +48,11 @@ CLUSTERCTL         := $(CLUSTERCTL_BIN)/clusterctl
 CAPI_MANAGER       := $(CLUSTERCTL_BIN)/capi-manager
 CILIUM_BIN         := $(CACHE_DIR)/cilium-$(CILIUM_LBIPAM_VERSION)
 CILIUM_LBIPAM      := $(CILIUM_BIN)/cilium-lbipam
+CAPK_BIN           := $(CACHE_DIR)/capk-$(CAPK_MANAGER_VERSION)
+CAPK_MANAGER       := $(CAPK_BIN)/capk-manager
+# The manager, and next to it its admission webhook configurations (config/webhook of the
+# same release: lab.StartCAPK registers them with url clientConfigs).
+CAPK_ASSETS        := $(CAPK_MANAGER) $(CAPK_BIN)/capk-webhooks.yaml
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
@@ -109,7 +119,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(CAPK_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 # The release the clusterctl tests install (written by `make release-manifests`).
@@ -257,7 +267,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(CAPK_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, CAPK) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
@@ -313,6 +323,20 @@ $(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
+
+# The real CAPK manager (the root main package of sigs.k8s.io/cluster-api-provider-kubevirt);
+# hack/tools/capk has no Go files (a main package cannot be imported), only its go.mod pins.
+$(CAPK_MANAGER): hack/tools/capk/go.mod hack/tools/capk/go.sum
+	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api-provider-kubevirt $(CAPK_MANAGER_VERSION)$$' hack/tools/capk/go.mod || \
+		{ echo "hack/tools/capk/go.mod does not pin sigs.k8s.io/cluster-api-provider-kubevirt $(CAPK_MANAGER_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,CAPK manager $(CAPK_MANAGER_VERSION) (hack/tools/capk),cd hack/tools/capk && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/cluster-api-provider-kubevirt && mv $@.tmp $@)
+
+$(CAPK_BIN)/capk-webhooks.yaml: hack/tools/capk/go.mod
+	@mkdir -p $(dir $@)
+	dir=$$(go -C hack/tools/capk list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api-provider-kubevirt) && \
+		cp "$$dir/config/webhook/manifests.yaml" $@.tmp && chmod u+w $@.tmp && mv $@.tmp $@
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)
