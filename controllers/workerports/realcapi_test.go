@@ -1,22 +1,26 @@
 package workerports_test
 
-// The worker ports controller against the real Cluster API core manager (lab.StartCAPI),
-// instead of lab.SetMachineDeploymentStatus: CAPI's own MachineDeployment and MachineSet
-// controllers react to guestnet's repointed MachineDeployment, and guestnet reads the status
-// they write. No infrastructure provider runs, so Machines are created (with their
-// KubevirtMachines cloned from the template) but never provisioned: a rollout starts and
-// never finishes, which is what "one rollout at a time" has to cope with.
+// The worker ports controller against the real Cluster API core manager (lab.StartCAPI) and
+// the real CAPK (lab.StartCAPK), instead of lab.SetMachineDeploymentStatus: CAPI's own
+// MachineDeployment and MachineSet controllers react to guestnet's repointed
+// MachineDeployment, CAPK creates a VirtualMachine per KubevirtMachine from its template, and
+// guestnet reads the status they write. KubeVirt is played (lab.StartKubeVirtStandIn): until
+// it runs, VMs never boot, so a rollout starts and never finishes, which is what "one rollout
+// at a time" has to cope with.
 
 import (
-	"slices"
+	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -27,31 +31,40 @@ import (
 
 // A GuestIngress that needs a NodePort the worker template does not declare makes guestnet
 // repoint the MachineDeployment at a new template (named from the base); the real
-// MachineDeployment controller
-// then creates one new MachineSet for that template (surging one Machine, whose
-// KubevirtMachine is cloned from the new template) and keeps the old one, and guestnet
-// declares nothing more (the GuestIngress gains a port) while that rollout runs. Once the VMs boot (played CAPK) the rollout
-// finishes, and once the old VMs are gone (not merely when CAPI stops reporting a rollout)
-// the next port is declared; the template no longer used is deleted.
+// MachineDeployment controller then creates one new MachineSet for that template (surging
+// one Machine, whose KubevirtMachine is cloned from the new template, and whose VM CAPK
+// creates with the new port) and keeps the old one, and guestnet declares nothing more (the
+// GuestIngress gains a port) while that rollout runs. Once KubeVirt boots the VMs the
+// rollout finishes, and once the old Machines are gone (not merely when CAPI stops
+// reporting a rollout) the next port is declared; the second rollout leaves only VMs that
+// forward both ports, and the template no longer used is deleted.
 func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 	filter := "capi-" + utilrand.String(6)
 	e := newEnvWithOptions(t, func(e *env) {
+		// Real rollouts: CAPK looks at a VM again 20 s after creating it (it does not watch VMs).
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		t.Cleanup(cancel)
+		e.ctx = ctx
 		capi, err := e.l.StartCAPI(e.ctx, e.ns, filter)
 		e.g.Expect(err).NotTo(HaveOccurred())
 		t.Cleanup(capi.Stop)
-	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.ForRealCAPI(filter)})
+		capk, err := e.l.StartCAPK(e.ctx, e.ns)
+		e.g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(capk.Stop)
+	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.ForRealCAPI(filter), lab.ForRealCAPK()})
 	original := e.gc.WorkerTemplate
 	// CAPI's defaulting webhook is registered: it put the cluster name into the selector,
 	// which the lab's MachineDeployment does not carry.
 	e.g.Expect(e.machineDeployment().Spec.Selector.MatchLabels).To(HaveKeyWithValue(clusterv1.ClusterNameLabel, e.gc.Name))
 
 	// CAPI's first rollout: one MachineSet of the user's template with both Machines; they
-	// are up to date (current template) though never provisioned.
+	// are up to date (current template) though their VMs never boot (no KubeVirt yet).
 	e.g.Eventually(func(g Gomega) {
 		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{original: 2}))
 		md := e.machineDeployment()
 		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
 		g.Expect(ptr.Deref(md.Status.UpToDateReplicas, -1)).To(BeEquivalentTo(2))
+		g.Expect(e.vmPorts(g)).To(HaveLen(2), "CAPK created a VM per KubevirtMachine")
 	}).Should(Succeed())
 
 	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, manager.SetupWorkerPorts)
@@ -60,10 +73,12 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 	e.g.Expect(e.analyze(*e.template(first)).Declared).To(ContainElement(ports.TCP(30080)))
 
 	// The real rollout: a new MachineSet for the new template with one Machine (maxSurge 1),
-	// the old one keeps both (maxUnavailable 0, and no new Machine ever becomes available).
+	// the old one keeps both (maxUnavailable 0, and no new Machine ever becomes available);
+	// CAPK creates the new Machine's VM from the new template.
 	e.g.Eventually(e.machineSetTemplates).Should(Equal(map[string]int32{original: 2, first: 1}))
 	e.g.Eventually(func(g Gomega) []string { return e.kubevirtMachinesClonedFrom(g) }).
 		Should(ConsistOf(original, original, first))
+	e.g.Eventually(e.vmPorts).Should(ConsistOf("22", "22", "22,8473,10250,30080"))
 
 	// One rollout at a time: a second missing port waits while CAPI still rolls out.
 	gi := &guestnetv1.GuestIngress{}
@@ -75,46 +90,55 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{original: 2, first: 1}))
 	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
 
-	// Play CAPK: the VMs boot, CAPI replaces the old workers one by one; CAPK holds each
-	// deleted one until its VM is gone, the first at once, the last for good. With the last
-	// old worker being deleted, every desired worker is up to date, but CAPI still reports
-	// the rollout (RollingOut True) while its VM runs: guestnet waits for it.
-	e.g.Eventually(func(g Gomega) {
-		_, err := e.l.ProvisionKubevirtMachines(e.ctx, e.ns)
-		g.Expect(err).NotTo(HaveOccurred())
-		if old := e.kubevirtMachinesClonedFrom(g); len(slices.DeleteFunc(old, func(t string) bool { return t != original })) > 1 {
-			_, err := e.l.ReleaseDeletedKubevirtMachines(e.ctx, e.ns)
-			g.Expect(err).NotTo(HaveOccurred())
-		}
-		md := e.machineDeployment()
-		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
-		g.Expect(ptr.Deref(md.Status.UpToDateReplicas, 0)).To(BeEquivalentTo(2))
-		g.Expect(conditions.IsTrue(md, clusterv1.MachineDeploymentRollingOutCondition)).To(BeTrue())
-		g.Expect(e.kubevirtMachinesClonedFrom(g)).To(ContainElement(original), "an old worker is still being deleted")
-	}).Should(Succeed())
-	e.g.Consistently(func() string { return e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name }).
-		WithTimeout(quiet).WithPolling(interval).Should(Equal(first))
-
-	// The old VMs go: only then guestnet declares the second port, in the next template.
+	// KubeVirt boots the VMs: CAPK reports them ready and gives their Nodes the providerID,
+	// CAPI replaces the old workers one by one. Only once the old Machines are gone does
+	// guestnet declare the second port, in the next template.
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.40.0/24"})
+	e.g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kv.Stop)
 	var second string
 	e.g.Eventually(func(g Gomega) {
-		_, err := e.l.ReleaseDeletedKubevirtMachines(e.ctx, e.ns)
-		g.Expect(err).NotTo(HaveOccurred())
 		second = e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name
 		g.Expect(second).NotTo(Equal(first))
-	}).Should(Succeed())
+	}).WithTimeout(rollout).WithPolling(time.Second).Should(Succeed())
+	e.g.Expect(e.kubevirtMachinesClonedFrom(e.g)).NotTo(ContainElement(original), "no old Machine left when the next template is declared")
 	e.g.Expect(second).To(MatchRegexp(`^` + original + `-[0-9a-f]{10}$`))
 	e.g.Expect(e.analyze(*e.template(second)).Declared).To(ContainElements(ports.TCP(30080), ports.TCP(30081)))
 
-	// The second rollout finishes too; the first generated template goes with its MachineSet.
+	// The second rollout finishes too: only VMs forwarding both ports run; the first
+	// generated template goes with its MachineSet.
 	e.g.Eventually(func(g Gomega) {
-		_, err := e.l.ProvisionKubevirtMachines(e.ctx, e.ns)
-		g.Expect(err).NotTo(HaveOccurred())
-		_, err = e.l.ReleaseDeletedKubevirtMachines(e.ctx, e.ns)
-		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{second: 2}))
+		g.Expect(e.vmPorts(g)).To(HaveExactElements(
+			And(ContainSubstring(",30080"), ContainSubstring(",30081")), And(ContainSubstring(",30080"), ContainSubstring(",30081"))))
 		g.Expect(names(e.generatedTemplates())).To(ConsistOf(second))
-	}).Should(Succeed())
+		md := e.machineDeployment()
+		g.Expect(ptr.Deref(md.Status.AvailableReplicas, 0)).To(BeEquivalentTo(2))
+	}).WithTimeout(rollout).WithPolling(time.Second).Should(Succeed())
+	for _, w := range kv.Workers() {
+		e.g.Expect(w.Declared).To(ContainElements(int32(30080), int32(30081)), "the masquerade stand-in of %s", w.Machine)
+	}
+}
+
+// rollout bounds a real rollout of two workers: CAPK requeues a VM it created after 20 s.
+const rollout = 4 * time.Minute
+
+// vmPorts lists, for each VirtualMachine CAPK created, the ports its pod interface declares
+// (comma-separated, in order).
+func (e *env) vmPorts(g Gomega) []string {
+	vms := &kubevirtv1.VirtualMachineList{}
+	g.Expect(e.l.Host.Client.List(e.ctx, vms, client.InNamespace(e.ns))).To(Succeed())
+	var out []string
+	for _, vm := range vms.Items {
+		var declared []string
+		for _, iface := range vm.Spec.Template.Spec.Domain.Devices.Interfaces {
+			for _, p := range iface.Ports {
+				declared = append(declared, fmt.Sprint(p.Port))
+			}
+		}
+		out = append(out, strings.Join(declared, ","))
+	}
+	return out
 }
 
 // machineSetTemplates maps the infrastructure template of each of the MachineDeployment's
