@@ -6,7 +6,8 @@ package workerports_test
 // These tests play CAPI's rollout with lab.SetMachineDeploymentStatus (their rollouts must
 // finish, which needs an infrastructure provider), and replace workers with
 // lab.AddWorker/RemoveWorker (a VM keeps the ports of the template it was created from, as in
-// KubeVirt); realcapi_test.go runs the real CAPI core manager instead (lab.StartCAPI).
+// KubeVirt); realcapi_test.go runs the real CAPI core manager and CAPK instead
+// (lab.StartCAPI, lab.StartCAPK, KubeVirt played by lab.StartKubeVirtStandIn).
 //
 // Run with: make test TEST_PKGS=./controllers/workerports/... TEST_ARGS='-v'
 

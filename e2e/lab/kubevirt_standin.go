@@ -260,7 +260,7 @@ func shouldRun(vm *kubevirtv1.VirtualMachine) bool {
 		}
 		return false
 	}
-	return ptr.Deref(vm.Spec.Running, false) //nolint:staticcheck // the deprecated field still starts VMs
+	return ptr.Deref(vm.Spec.Running, false) // deprecated, still starts VMs
 }
 
 // ensureVMI creates the VM's VMI as virt-controller does (SetupVMIFromVM): the template's
