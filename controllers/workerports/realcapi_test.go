@@ -16,11 +16,14 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -39,19 +42,7 @@ import (
 // reporting a rollout) the next port is declared; the second rollout leaves only VMs that
 // forward both ports, and the template no longer used is deleted.
 func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
-	filter := "capi-" + utilrand.String(6)
-	e := newEnvWithOptions(t, func(e *env) {
-		// Real rollouts: CAPK looks at a VM again 20 s after creating it (it does not watch VMs).
-		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-		t.Cleanup(cancel)
-		e.ctx = ctx
-		capi, err := e.l.StartCAPI(e.ctx, e.ns, filter)
-		e.g.Expect(err).NotTo(HaveOccurred())
-		t.Cleanup(capi.Stop)
-		capk, err := e.l.StartCAPK(e.ctx, e.ns)
-		e.g.Expect(err).NotTo(HaveOccurred())
-		t.Cleanup(capk.Stop)
-	}, lab.WorkerTemplateOptions{Ports: []int32{22}}, []lab.GuestClusterOption{lab.ForRealCAPI(filter), lab.ForRealCAPK()})
+	e := newRealEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
 	original := e.gc.WorkerTemplate
 	// CAPI's defaulting webhook is registered: it put the cluster name into the selector,
 	// which the lab's MachineDeployment does not carry.
@@ -120,8 +111,93 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 	}
 }
 
+// A MachineDeployment repointed by someone else (a user, a GitOps change) at a template that
+// lacks the ports is followed at once, while CAPI is still rolling it out: waiting for that
+// rollout would black-hole the nodePorts on every new worker and then roll them all again.
+// guestnet repoints it, in one write, at a copy that declares them, and the real CAPI rolls
+// the workers onto the copy; the bridge says
+// the ports are not there while that rollout runs (KubeVirt held: the new VMs cannot boot),
+// and are once it is over. Whatever CAPI started for the user's template meanwhile is gone:
+// every VM left forwards the bridge's ports. (The played variant of this test checked the
+// same with lab.SetMachineDeploymentStatus.)
+func TestRepointToATemplateLackingThePortsIsFollowedAtOnce(t *testing.T) {
+	e := newRealEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.41.0/24"})
+	e.g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kv.Stop)
+	e.g.SetDefaultEventuallyTimeout(rollout)
+	e.eventuallyAvailable(2)
+	startWorkerPortsAndBridge(t, e)
+	e.createBridge("webhooks")
+	first := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
+	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
+	e.g.Eventually(e.machineSetTemplates).Should(Equal(map[string]int32{first: 2}))
+
+	// The user's new template: 4 cores, and the ports of their original (SSH only).
+	kv.Hold()
+	e.copyTemplate(e.gc.WorkerTemplate, "guest-1-md-0-v2", func(u *unstructured.Unstructured) {
+		e.g.Expect(unstructured.SetNestedField(u.Object, int64(4), "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec", "domain", "cpu", "cores")).To(Succeed())
+	})
+	e.repointAs(e.gc, "kubectl-edit", "guest-1-md-0-v2")
+	userGeneration := e.machineDeployment().Generation
+	md := e.eventuallyRepointed("guest-1-md-0-v2")
+	next := md.Spec.Template.Spec.InfrastructureRef.Name
+	e.g.Expect(next).To(MatchRegexp(`^guest-1-md-0-v2-[0-9a-f]{10}$`))
+	e.g.Expect(md.Generation).To(Equal(userGeneration+1), "one write by guestnet")
+	e.g.Expect(e.analyze(*e.template(next)).Declared).To(ContainElements(ports.TCP(32700), ports.TCP(32701), ports.UDP(tunnelPort)))
+	e.eventuallyBridgePortsDeclared(metav1.ConditionFalse, guestnetv1.RollingOutReason)
+
+	// KubeVirt boots the new VMs: CAPI finishes the rollout onto the copy.
+	e.g.Expect(kv.Release(e.ctx)).To(Succeed())
+	e.g.Eventually(func(g Gomega) {
+		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{next: 2}))
+		g.Expect(e.kubevirtMachinesClonedFrom(g)).To(ConsistOf(next, next))
+		g.Expect(e.vmPorts(g)).To(HaveExactElements(
+			And(ContainSubstring("32700"), ContainSubstring("32701")), And(ContainSubstring("32700"), ContainSubstring("32701"))))
+	}).WithPolling(time.Second).Should(Succeed())
+	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
+	e.g.Consistently(func() int64 { return e.machineDeployment().Generation }).
+		WithTimeout(quiet).WithPolling(interval).Should(Equal(md.Generation))
+}
+
 // rollout bounds a real rollout of two workers: CAPK requeues a VM it created after 20 s.
 const rollout = 4 * time.Minute
+
+// newRealEnv is newEnvWithOptions with the real CAPI and CAPK started for the test's
+// namespace (no KubeVirt yet: tests start the stand-in when VMs may boot) and a context long
+// enough for real rollouts.
+func newRealEnv(t *testing.T, tmpl lab.WorkerTemplateOptions) *env {
+	filter := "capi-" + utilrand.String(6)
+	return newEnvWithOptions(t, func(e *env) {
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		t.Cleanup(cancel)
+		e.ctx = ctx
+		capi, err := e.l.StartCAPI(e.ctx, e.ns, filter)
+		e.g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(capi.Stop)
+		capk, err := e.l.StartCAPK(e.ctx, e.ns)
+		e.g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(capk.Stop)
+	}, tmpl, []lab.GuestClusterOption{lab.ForRealCAPI(filter), lab.ForRealCAPK()})
+}
+
+// startWorkerPortsAndBridge starts guestnet's worker ports and GuestWebhookBridge controllers.
+func startWorkerPortsAndBridge(t *testing.T, e *env) {
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+		if err := manager.SetupWorkerPorts(ctx, mgr, cc, o); err != nil {
+			return err
+		}
+		return manager.SetupGuestWebhookBridge(ctx, mgr, cc, o)
+	})
+}
+
+// eventuallyAvailable waits until CAPI reports replicas available workers.
+func (e *env) eventuallyAvailable(replicas int32) {
+	e.g.Eventually(func(g Gomega) {
+		md := e.machineDeployment()
+		g.Expect(ptr.Deref(md.Status.AvailableReplicas, 0)).To(Equal(replicas))
+	}).WithPolling(time.Second).Should(Succeed())
+}
 
 // vmPorts lists, for each VirtualMachine CAPK created, the ports its pod interface declares
 // (comma-separated, in order).
