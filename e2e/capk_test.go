@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -134,6 +135,29 @@ func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 		g.Expect(names).To(ConsistOf(vms.Items[0].Name))
 	}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 	g.Expect(kv.Workers()).To(HaveLen(1))
+
+	// A template whose virtualMachineTemplate.metadata.namespace names another namespace:
+	// CAPK creates the VMs there, out of reach of host Services in the Cluster's namespace
+	// (guestnet's PortsDeclared says WorkersElsewhere).
+	vmsNS := ns + "-vms"
+	g.Expect(host.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: vmsNS}})).To(Succeed())
+	elsewhere := &unstructured.Unstructured{Object: map[string]any{"spec": tmpl.Object["spec"]}}
+	elsewhere.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+	elsewhere.SetNamespace(ns)
+	elsewhere.SetName(gc.WorkerTemplate + "-elsewhere")
+	g.Expect(host.Get(ctx, client.ObjectKey{Namespace: ns, Name: gc.WorkerTemplate}, tmpl)).To(Succeed())
+	elsewhere.Object["spec"] = tmpl.Object["spec"]
+	g.Expect(unstructured.SetNestedField(elsewhere.Object, vmsNS, "spec", "template", "spec", "virtualMachineTemplate", "metadata", "namespace")).To(Succeed())
+	g.Expect(host.Create(ctx, elsewhere)).To(Succeed())
+	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
+	md.Spec.Template.Spec.InfrastructureRef.Name = elsewhere.GetName()
+	g.Expect(host.Update(ctx, md)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		elsewhereVMs := &kubevirtv1.VirtualMachineList{}
+		g.Expect(host.List(ctx, elsewhereVMs, client.InNamespace(vmsNS))).To(Succeed())
+		g.Expect(elsewhereVMs.Items).To(HaveLen(1))
+		g.Expect(elsewhereVMs.Items[0].Labels).To(HaveKeyWithValue(clusterv1.ClusterNameLabel, gc.Name))
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 }
 
 // labelShape is a pod's labels with the machine's name and the VMI's UID as placeholders.
