@@ -189,21 +189,26 @@ func ForRealCAPK() GuestClusterOption {
 
 var kubevirtClusterGVK = ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtCluster")
 
-// serveCAPIConversion serves the conversion webhooks of the CAPI CRDs for the whole lab,
-// once: a CAPI core manager of its own (StartCAPI, for a watch filter no object carries, so
-// its controllers reconcile nothing), and every CAPI CRD that serves more than one version
-// switched to strategy Webhook with a url clientConfig to it, as clusterctl installs them
-// (with a Service). Conversion is cluster-wide, so it cannot belong to one test's manager;
-// the lab and guestnet read the storage version (v1beta2), which needs no conversion.
+// serveCAPIConversion serves the conversion webhooks of the CAPI CRDs for the whole lab: a
+// CAPI core manager of its own, started once (StartCAPI, for a watch filter no object
+// carries, so its controllers reconcile nothing), and every CAPI CRD that serves more than
+// one version switched to strategy Webhook with a url clientConfig to it, as clusterctl
+// installs them (with a Service). Conversion is cluster-wide, so it cannot belong to one
+// test's manager; the lab and guestnet read the storage version (v1beta2), which needs no
+// conversion. The CRDs are checked on every call (a Get each): whatever replaces CAPI's
+// CRDs in the shared lab (their release YAML has no conversion, or a Service one) would undo
+// it. (`clusterctl init` into the lab, TestClusterctlInit, was seen not to.)
 func (l *Lab) serveCAPIConversion(ctx context.Context) error {
-	l.conversionOnce.Do(func() { l.conversionErr = l.startCAPIConversion(ctx) })
-	return l.conversionErr
-}
-
-func (l *Lab) startCAPIConversion(ctx context.Context) error {
-	capi, err := l.StartCAPI(ctx, "lab-capi-conversion", "lab.guestnet.dev-conversion-only")
-	if err != nil {
-		return fmt.Errorf("starting the CAPI conversion webhook server: %w", err)
+	l.conversionOnce.Do(func() {
+		capi, err := l.StartCAPI(ctx, "lab-capi-conversion", "lab.guestnet.dev-conversion-only")
+		if err != nil {
+			l.conversionErr = fmt.Errorf("starting the CAPI conversion webhook server: %w", err)
+			return
+		}
+		l.conversionURL = "https://" + capi.WebhookAddress + "/convert"
+	})
+	if l.conversionErr != nil {
+		return l.conversionErr
 	}
 	objs, err := readCRDs(filepath.Join(l.Assets.CRDDir, "capi"))
 	if err != nil {
@@ -218,12 +223,16 @@ func (l *Lab) startCAPIConversion(ctx context.Context) error {
 			if err := l.Host.Client.Get(ctx, types.NamespacedName{Name: want.Name}, crd); err != nil {
 				return err
 			}
+			if c := crd.Spec.Conversion; c != nil && c.Webhook != nil && c.Webhook.ClientConfig != nil &&
+				ptr.Deref(c.Webhook.ClientConfig.URL, "") == l.conversionURL {
+				return nil
+			}
 			crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{
 				Strategy: apiextensionsv1.WebhookConverter,
 				Webhook: &apiextensionsv1.WebhookConversion{
 					ConversionReviewVersions: []string{"v1"},
 					ClientConfig: &apiextensionsv1.WebhookClientConfig{
-						URL:      ptr.To("https://" + capi.WebhookAddress + "/convert"),
+						URL:      ptr.To(l.conversionURL),
 						CABundle: l.Host.CA.CertPEM(),
 					},
 				},

@@ -62,6 +62,7 @@ type Lab struct {
 	// The CAPI CRDs' conversion webhooks, served once per lab (serveCAPIConversion).
 	conversionOnce sync.Once
 	conversionErr  error
+	conversionURL  string
 }
 
 // Cluster is one control plane of the lab with a client for it.
