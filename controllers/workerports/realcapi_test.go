@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -160,6 +161,52 @@ func TestRepointToATemplateLackingThePortsIsFollowedAtOnce(t *testing.T) {
 		WithTimeout(quiet).WithPolling(interval).Should(Equal(md.Generation))
 }
 
+// A MachineDeployment repointed by someone else at a template that already declares the
+// ports rolls once, by the real CAPI: guestnet adds no second rollout, not even for the
+// Cluster's template revision, which was rolled out already. (The played variant of this
+// test checked the same with lab.SetMachineDeploymentStatus.)
+func TestRepointToATemplateWithThePortsCausesNoSecondRollout(t *testing.T) {
+	e := newRealEnv(t, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, bridgePorts...), UDPPorts: []int32{tunnelPort}})
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.42.0/24"})
+	e.g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kv.Stop)
+	e.g.SetDefaultEventuallyTimeout(rollout)
+	e.eventuallyAvailable(2)
+	startWorkerPortsAndBridge(t, e)
+	e.createBridge("webhooks")
+	e.g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cluster := &clusterv1.Cluster{}
+		if err := e.l.Host.Client.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: e.gc.Name}, cluster); err != nil {
+			return err
+		}
+		cluster.Annotations = withEntry(cluster.Annotations, guestnetv1.TemplateRevisionAnnotation, "2")
+		return e.l.Host.Client.Update(e.ctx, cluster)
+	})).To(Succeed())
+	revised := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
+	e.g.Eventually(e.machineSetTemplates).WithPolling(time.Second).Should(Equal(map[string]int32{revised: 2}))
+	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
+
+	// The user's new template: 4 cores, and the ports of their original (all of them).
+	e.copyTemplate(e.gc.WorkerTemplate, "guest-1-md-0-v2", func(u *unstructured.Unstructured) {
+		e.g.Expect(unstructured.SetNestedField(u.Object, int64(4), "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec", "domain", "cpu", "cores")).To(Succeed())
+	})
+	e.repointAs(e.gc, "kubectl-edit", "guest-1-md-0-v2")
+	md := e.machineDeployment()
+
+	// CAPI rolls the workers onto it, once.
+	e.g.Eventually(func(g Gomega) {
+		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{"guest-1-md-0-v2": 2}))
+		g.Expect(e.kubevirtMachinesClonedFrom(g)).To(ConsistOf("guest-1-md-0-v2", "guest-1-md-0-v2"))
+		g.Expect(ptr.Deref(e.machineDeployment().Status.AvailableReplicas, 0)).To(BeEquivalentTo(2))
+	}).WithPolling(time.Second).Should(Succeed())
+	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
+	e.g.Consistently(func(g Gomega) {
+		now := e.machineDeployment()
+		g.Expect(now.Spec.Template.Spec.InfrastructureRef.Name).To(Equal("guest-1-md-0-v2"))
+		g.Expect(now.Generation).To(Equal(md.Generation))
+	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
+}
+
 // rollout bounds a real rollout of two workers: CAPK requeues a VM it created after 20 s.
 const rollout = 4 * time.Minute
 
@@ -189,6 +236,15 @@ func startWorkerPortsAndBridge(t *testing.T, e *env) {
 		}
 		return manager.SetupGuestWebhookBridge(ctx, mgr, cc, o)
 	})
+}
+
+// withEntry returns m (a new map when nil) with key set to value.
+func withEntry(m map[string]string, key, value string) map[string]string {
+	if m == nil {
+		m = map[string]string{}
+	}
+	m[key] = value
+	return m
 }
 
 // eventuallyAvailable waits until CAPI reports replicas available workers.
