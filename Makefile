@@ -32,6 +32,11 @@ CILIUM_LBIPAM_VERSION  ?= $(CILIUM_VERSION)
 # egress selector: the release whose konnectivity-client kube-apiserver $(K8S_VERSION) uses
 # (hack/tools/konnectivity, whose go.mod pins it).
 KONNECTIVITY_VERSION   ?= v0.36.0
+# CAPK's manager runs for real in the host cluster (lab.StartCAPK), the release of the lab's
+# CAPK CRDs, built in its own tools module (hack/tools/capk, whose go.mod pins it and keeps
+# CAPK's own pins: CAPI v1.11, controller-runtime v0.22, k8s v0.34; it cannot build against
+# the provider's CAPI v1.14).
+CAPK_MANAGER_VERSION   ?= $(CAPK_VERSION)
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
@@ -49,6 +54,11 @@ CILIUM_BIN         := $(CACHE_DIR)/cilium-$(CILIUM_LBIPAM_VERSION)
 CILIUM_LBIPAM      := $(CILIUM_BIN)/cilium-lbipam
 KONNECTIVITY_BIN   := $(CACHE_DIR)/konnectivity-$(KONNECTIVITY_VERSION)
 KONNECTIVITY       := $(KONNECTIVITY_BIN)/konnectivity-server $(KONNECTIVITY_BIN)/konnectivity-agent
+CAPK_BIN           := $(CACHE_DIR)/capk-$(CAPK_MANAGER_VERSION)
+CAPK_MANAGER       := $(CAPK_BIN)/capk-manager
+# The manager, and next to it its admission webhook configurations (config/webhook of the
+# same release: lab.StartCAPK registers them with url clientConfigs).
+CAPK_ASSETS        := $(CAPK_MANAGER) $(CAPK_BIN)/capk-webhooks.yaml
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
@@ -115,7 +125,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN):$(CAPK_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 # The release the clusterctl tests install (written by `make release-manifests`).
@@ -266,7 +276,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
@@ -332,6 +342,20 @@ $(KONNECTIVITY_BIN)/konnectivity-%: hack/tools/konnectivity/go.mod hack/tools/ko
 	@mkdir -p $(dir $@)
 	@$(call build_step,konnectivity $* $(KONNECTIVITY_VERSION) (hack/tools/konnectivity),cd hack/tools/konnectivity && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/apiserver-network-proxy/cmd/$* && mv $@.tmp $@)
+
+# The real CAPK manager (the root main package of sigs.k8s.io/cluster-api-provider-kubevirt);
+# hack/tools/capk has no Go files (a main package cannot be imported), only its go.mod pins.
+$(CAPK_MANAGER): hack/tools/capk/go.mod hack/tools/capk/go.sum
+	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api-provider-kubevirt $(CAPK_MANAGER_VERSION)$$' hack/tools/capk/go.mod || \
+		{ echo "hack/tools/capk/go.mod does not pin sigs.k8s.io/cluster-api-provider-kubevirt $(CAPK_MANAGER_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,CAPK manager $(CAPK_MANAGER_VERSION) (hack/tools/capk),cd hack/tools/capk && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/cluster-api-provider-kubevirt && mv $@.tmp $@)
+
+$(CAPK_BIN)/capk-webhooks.yaml: hack/tools/capk/go.mod
+	@mkdir -p $(dir $@)
+	dir=$$(go -C hack/tools/capk list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api-provider-kubevirt) && \
+		cp "$$dir/config/webhook/manifests.yaml" $@.tmp && chmod u+w $@.tmp && mv $@.tmp $@
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)

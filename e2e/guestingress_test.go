@@ -159,18 +159,24 @@ func TestGuestIngress_FollowsAChangedGuestNodePort(t *testing.T) {
 
 // A nodePort the workers' template does not declare is dropped by the masquerade NAT: the
 // host side is all there (IP, ready endpoints, the other port answering) and still every
-// request to that port fails, as in the field report. guestnet's workerports controller declares it on a new template; workers
-// created from it (CAPI's rollout, played by the test) answer.
+// request to that port fails, as in the field report. guestnet's workerports controller
+// declares it on a new template, and the real CAPI and CAPK roll the workers: the VMs
+// KubeVirt boots from it (played, held until the failure is shown) answer on both ports, the
+// old VMs go.
 func TestGuestIngress_UndeclaredNodePortBreaksTheRequestUntilTheWorkersRoll(t *testing.T) {
 	g := NewWithT(t)
 	l := startLab(t)
-	ctx := testContext(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	t.Cleanup(cancel)
 	ns := uniqueName("tenant")
 	startCiliumStandIn(t, l)
 
-	// The template declares the http nodePort, not the https one.
-	gc := createIngressCluster(t, l, ns, "tenant-a", 31280)
-	old := addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.52.11", 31280, 31643)
+	// The template declares the http nodePort, not the https one. Real CAPI and CAPK; every
+	// VM the KubeVirt stand-in boots runs the Envoy stand-in on both nodePorts.
+	gc, kv := createRealIngressCluster(ctx, t, l, ns, "tenant-a", "10.244.121.0/24", []int32{31280}, 31280, 31643)
+	old := kv.Workers()
+	g.Expect(old).To(HaveLen(2))
+	kv.Hold()
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
 	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
@@ -179,26 +185,36 @@ func TestGuestIngress_UndeclaredNodePortBreaksTheRequestUntilTheWorkersRoll(t *t
 	g.Eventually(func(g Gomega) {
 		got := getGuestIngress(t, l, gi)
 		g.Expect(got.Status.LoadBalancerIP).To(Equal(ip))
-		g.Expect(got.Status.ReadyEndpoints).To(BeEquivalentTo(1))
+		g.Expect(got.Status.ReadyEndpoints).To(BeEquivalentTo(2))
 		g.Expect(conditions.IsFalse(got, guestnetv1.PortsDeclaredCondition)).To(BeTrue())
 	}).WithTimeout(giTimeout).Should(Succeed())
-	// The chain is up (port 80 goes through to the VM), yet port 443 never arrives.
-	g.Eventually(func() (string, error) { return lab.Get(ctx, ip, 80) }).WithTimeout(giTimeout).Should(Equal(old.Machine))
+	// The chain is up (port 80 goes through to the VMs), yet port 443 never arrives.
+	g.Eventually(func() (string, error) { return lab.Get(ctx, ip, 80) }).WithTimeout(giTimeout).Should(BeElementOf(old[0].Machine, old[1].Machine))
 	g.Consistently(func() error { _, err := lab.Get(ctx, ip, 443); return err }).WithTimeout(time.Second).
-		Should(HaveOccurred(), "the worker's masquerade interface drops the undeclared nodePort")
+		Should(HaveOccurred(), "the workers' masquerade interface drops the undeclared nodePort")
 
 	// guestnet repointed the MachineDeployment at a template that declares the nodePorts;
-	// CAPI replaces the worker.
+	// CAPI rolls the workers, CAPK creates their VMs from it, KubeVirt boots them.
 	g.Eventually(func() (string, error) {
 		md := &clusterv1.MachineDeployment{}
 		err := l.Host.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: gc.MachineDeployment}, md)
 		return md.Spec.Template.Spec.InfrastructureRef.Name, err
 	}).WithTimeout(giTimeout).ShouldNot(Equal(gc.WorkerTemplate))
-	g.Expect(l.RemoveWorker(ctx, gc, old)).To(Succeed())
-	renewed := addEnvoyWorker(t, l, gc, ns+"-md-0-b", "10.244.52.12", 31280, 31643)
-	g.Expect(l.SetMachineDeploymentStatus(ctx, gc, 2, 2)).To(Succeed())
+	g.Expect(kv.Release(ctx)).To(Succeed())
+	var renewed []*lab.Worker
+	g.Eventually(func(g Gomega) {
+		renewed = kv.Workers()
+		g.Expect(renewed).To(HaveLen(2))
+		for _, w := range renewed {
+			g.Expect(w.Declared).To(ContainElement(int32(31643)), "VM %s", w.Machine)
+		}
+		md := &clusterv1.MachineDeployment{}
+		g.Expect(l.Host.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: gc.MachineDeployment}, md)).To(Succeed())
+		g.Expect(ptr.Deref(md.Status.AvailableReplicas, 0)).To(BeEquivalentTo(2))
+	}).WithTimeout(realRollout).WithPolling(time.Second).Should(Succeed())
 	eventuallyGuestIngressReady(t, l, gi)
-	g.Eventually(func() (string, error) { return lab.Get(ctx, ip, 443) }).WithTimeout(giTimeout).Should(Equal(renewed.Machine))
+	g.Eventually(func() (string, error) { return lab.Get(ctx, ip, 443) }).WithTimeout(giTimeout).
+		Should(BeElementOf(renewed[0].Machine, renewed[1].Machine))
 }
 
 // Two clusters called tenant-a in two namespaces: each GuestIngress's host Service selects
@@ -311,6 +327,44 @@ func createIngressCluster(t *testing.T, l *lab.Lab, ns, name string, nodePorts .
 		t.Fatalf("setting MachineDeployment status: %v", err)
 	}
 	return gc
+}
+
+// realRollout bounds a real rollout of two workers (CAPK looks at a VM it created again
+// after 20 s: it does not watch VMs).
+const realRollout = 4 * time.Minute
+
+// createRealIngressCluster creates a guest cluster for the real CAPI and CAPK, started for
+// namespace ns, whose worker template declares SSH, the kubelet and declared; the KubeVirt
+// stand-in boots its VMs (pod IPs from subnet), each running the Envoy stand-in on
+// envoyPorts. It returns once CAPI reports both workers available.
+func createRealIngressCluster(ctx context.Context, t *testing.T, l *lab.Lab, ns, name, subnet string, declared []int32, envoyPorts ...int32) (*lab.GuestCluster, *lab.KubeVirt) {
+	t.Helper()
+	g := NewWithT(t)
+	capi, err := l.StartCAPI(ctx, ns, ns)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capi.Stop)
+	capk, err := l.StartCAPK(ctx, ns)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capk.Stop)
+	gc, err := l.CreateGuestCluster(ctx, ns, name, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, declared...)},
+		lab.ForRealCAPI(ns), lab.ForRealCAPK())
+	g.Expect(err).NotTo(HaveOccurred())
+	kv, err := l.StartKubeVirtStandIn(ctx, ns, lab.KubeVirtOptions{WorkerSubnet: subnet, OnBoot: func(_ context.Context, w *lab.Worker) error {
+		for _, p := range envoyPorts {
+			if err := w.ServeMachineName(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kv.Stop)
+	g.Eventually(func(g Gomega) {
+		md := &clusterv1.MachineDeployment{}
+		g.Expect(l.Host.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: gc.MachineDeployment}, md)).To(Succeed())
+		g.Expect(ptr.Deref(md.Status.AvailableReplicas, 0)).To(BeEquivalentTo(2))
+	}).WithTimeout(realRollout).WithPolling(time.Second).Should(Succeed(), "CAPI's log: %s; CAPK's: %s", capi.LogPath(), capk.LogPath())
+	return gc, kv
 }
 
 func addWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string) *lab.Worker {

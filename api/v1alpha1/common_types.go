@@ -153,6 +153,11 @@ const (
 	// template that lacks them. guestnet stops repointing it; the message gives the ports list
 	// to declare in the template's source.
 	RepointRevertedReason = "RepointReverted"
+	// WorkersElsewhereReason: CAPK creates the VMs of a worker MachineDeployment outside the
+	// Cluster's namespace (virtualMachineTemplate.metadata.namespace of its template, or
+	// another cluster: infraClusterSecretRef), where guestnet's host Services, which select
+	// the virt-launcher pods in the Cluster's namespace, cannot reach them.
+	WorkersElsewhereReason = "WorkersElsewhere"
 	// TemplateNameTakenReason: an object guestnet did not write (other content, or not
 	// labelled for this Cluster) holds the name of the copy guestnet would create; guestnet
 	// does not adopt it and does not repoint.

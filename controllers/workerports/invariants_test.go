@@ -135,68 +135,6 @@ func TestObjectHoldingTheCopysNameIsNotAdopted(t *testing.T) {
 	e.g.Expect(e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name).To(Equal(want.GetName()))
 }
 
-// A MachineDeployment repointed by someone else (a user, a GitOps change) at a template that
-// lacks the ports is followed at once, while CAPI is still rolling it out: waiting for that
-// rollout would black-hole the nodePorts on every new worker and then roll them all again.
-// The bridge says the ports are not there meanwhile; guestnet repoints exactly once.
-func TestRepointToATemplateLackingThePortsIsFollowedAtOnce(t *testing.T) {
-	e := newEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
-	e.createBridge("webhooks")
-	first := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
-	e.settleRollout(2)
-	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
-
-	// The user's new template: 4 cores, and the ports of their original (SSH only).
-	e.copyTemplate(e.gc.WorkerTemplate, "guest-1-md-0-v2", func(u *unstructured.Unstructured) {
-		e.g.Expect(unstructured.SetNestedField(u.Object, int64(4), "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec", "domain", "cpu", "cores")).To(Succeed())
-	})
-	e.repointAs(e.gc, "kubectl-edit", "guest-1-md-0-v2")
-	userGeneration := e.machineDeployment().Generation
-
-	// No settle: CAPI is rolling out the user's template.
-	md := e.eventuallyRepointed("guest-1-md-0-v2")
-	next := md.Spec.Template.Spec.InfrastructureRef.Name
-	e.g.Expect(next).To(MatchRegexp(`^guest-1-md-0-v2-[0-9a-f]{10}$`))
-	e.g.Expect(next).NotTo(Equal(first))
-	e.g.Expect(md.Generation).To(Equal(userGeneration+1), "one write by guestnet")
-	declared := e.analyze(*e.template(next))
-	e.g.Expect(declared.Declared).To(ContainElements(ports.TCP(32700), ports.TCP(32701), ports.UDP(tunnelPort)))
-	cores, _, _ := unstructured.NestedInt64(e.template(next).Object, "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec", "domain", "cpu", "cores")
-	e.g.Expect(cores).To(BeEquivalentTo(4), "the copy is of the user's new template")
-	e.eventuallyBridgePortsDeclared(metav1.ConditionFalse, guestnetv1.RollingOutReason)
-
-	e.settleRollout(2)
-	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
-	e.g.Consistently(func() int64 { return e.machineDeployment().Generation }).
-		WithTimeout(quiet).WithPolling(interval).Should(Equal(md.Generation))
-}
-
-// A MachineDeployment repointed by someone else at a template that already declares the
-// ports rolls once, by CAPI: guestnet adds no second rollout, not even for the Cluster's
-// template revision, which was rolled out already.
-func TestRepointToATemplateWithThePortsCausesNoSecondRollout(t *testing.T) {
-	e := newEnv(t, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, bridgePorts...), UDPPorts: []int32{tunnelPort}})
-	e.createBridge("webhooks")
-	e.annotateCluster(guestnetv1.TemplateRevisionAnnotation, "2")
-	e.eventuallyRepointed(e.gc.WorkerTemplate)
-	e.settleRollout(2)
-	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
-
-	e.copyTemplate(e.gc.WorkerTemplate, "guest-1-md-0-v2", func(u *unstructured.Unstructured) {
-		e.g.Expect(unstructured.SetNestedField(u.Object, int64(4), "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec", "domain", "cpu", "cores")).To(Succeed())
-	})
-	e.repointAs(e.gc, "kubectl-edit", "guest-1-md-0-v2")
-	md := e.machineDeployment()
-	e.settleRollout(2) // CAPI finishes the user's rollout
-
-	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
-	e.g.Consistently(func(g Gomega) {
-		now := e.machineDeployment()
-		g.Expect(now.Spec.Template.Spec.InfrastructureRef.Name).To(Equal("guest-1-md-0-v2"))
-		g.Expect(now.Generation).To(Equal(md.Generation))
-	}).WithTimeout(quiet).WithPolling(interval).Should(Succeed())
-}
-
 // A GitOps tool that re-applies the MachineDeployment from its source sets infrastructureRef
 // back to the template without the ports. guestnet does not fight it (every round would roll
 // the workers twice, forever): it stops repointing, PortsDeclared names the tool's field

@@ -6,7 +6,8 @@ package workerports_test
 // These tests play CAPI's rollout with lab.SetMachineDeploymentStatus (their rollouts must
 // finish, which needs an infrastructure provider), and replace workers with
 // lab.AddWorker/RemoveWorker (a VM keeps the ports of the template it was created from, as in
-// KubeVirt); realcapi_test.go runs the real CAPI core manager instead (lab.StartCAPI).
+// KubeVirt); realcapi_test.go runs the real CAPI core manager and CAPK instead
+// (lab.StartCAPI, lab.StartCAPK, KubeVirt played by lab.StartKubeVirtStandIn).
 //
 // Run with: make test TEST_PKGS=./controllers/workerports/... TEST_ARGS='-v'
 
@@ -220,17 +221,7 @@ var ciliumConfigOnce sync.Once
 // GuestWebhookBridge controllers for it.
 func newEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, mutateMD ...func(*clusterv1.MachineDeployment)) *env {
 	e := newEnvWithoutManager(t, tmpl, mutateMD...)
-	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
-		if err := setupWorkerPorts(ctx, mgr, cc, o); err != nil {
-			return err
-		}
-		return (&guestwebhookbridge.Reconciler{
-			Client:           mgr.GetClient(),
-			APIReader:        mgr.GetAPIReader(),
-			ClusterCache:     cc,
-			WatchFilterValue: o.WatchFilterValue,
-		}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency))
-	})
+	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupWorkerPortsAndBridge)
 	return e
 }
 
@@ -417,4 +408,18 @@ func setupWorkerPorts(ctx context.Context, mgr ctrl.Manager, cc clustercache.Clu
 		ClusterCache:     cc,
 		WatchFilterValue: o.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.WorkerPortsConcurrency))
+}
+
+// setupWorkerPortsAndBridge registers the worker ports and GuestWebhookBridge controllers on
+// mgr, as main.go does (the bridge declares its nodePort range through the worker ports).
+func setupWorkerPortsAndBridge(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
+	if err := setupWorkerPorts(ctx, mgr, cc, o); err != nil {
+		return err
+	}
+	return (&guestwebhookbridge.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     cc,
+		WatchFilterValue: o.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency))
 }

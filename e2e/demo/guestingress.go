@@ -3,17 +3,17 @@ package main
 import (
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -21,6 +21,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // The load-balancer IP of the demo, in the lab's "physical" range (lab.LoadBalancerCIDR).
@@ -63,6 +64,7 @@ spec:
 // Envoy in the guest (guestnet and the Cilium stand-in run already).
 func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest kubectlFunc) error {
 	section("Guest: Contour's Envoy Service (ClusterIP, ports 80/443); an Envoy stand-in in every worker VM answers with its machine name")
+	s.boot.set(serveEnvoy) // in the VMs the rollout below boots too
 	if err := createContour(ctx, l, s.workers); err != nil {
 		return err
 	}
@@ -117,26 +119,26 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 	host(portsDeclared...)
 	host("get", "machinedeployments", "-n", clusterNamespace, "-o", "custom-columns=NAME:.metadata.name,TEMPLATE:.spec.template.spec.infrastructureRef.name")
 
-	section("CAPI's MachineDeployment controller (the real one, core v1.14.2) rolls the workers onto the template guestnet generated; the demo plays CAPK and KubeVirt: new VMs boot and join, deleted ones go")
+	section("CAPI's MachineDeployment controller (the real one, core v1.14.2) rolls the workers onto the template guestnet generated; the real CAPK (v0.11.2) creates each new VM from it, the KubeVirt stand-in boots it; the old VMs go")
 	started := time.Now()
 	generated := md.Spec.Template.Spec.InfrastructureRef.Name
 	if err := waitFor(ctx, func() bool {
-		return playCAPK(ctx, l, s.cluster, s.running, s.nextIP, serveEnvoy) == nil && slices.ContainsFunc(slices.Collect(maps.Values(s.running)),
-			func(w *lab.Worker) bool { return w.Template == generated })
+		return finishEvictedGuestPods(ctx, l) == nil && len(vmsClonedFrom(ctx, l, generated)) > 0
 	}); err != nil {
-		return fmt.Errorf("waiting for CAPI to create a Machine of %s: %w", generated, err)
+		return fmt.Errorf("waiting for CAPK to create a VM from %s: %w", generated, err)
 	}
-	fmt.Println("\nthe rollout under way: a new MachineSet for the generated template, surging one Machine (maxSurge 1, maxUnavailable 0):")
+	fmt.Println("\nthe rollout under way: a new MachineSet for the generated template, surging one Machine (maxSurge 1, maxUnavailable 0); CAPK created its VM, whose interface declares 30443:")
 	host("get", "machinedeployments,machinesets,machines", "-n", clusterNamespace)
+	host(vmPorts...)
 	host(portsDeclared...)
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
-		if err := playCAPK(ctx, l, s.cluster, s.running, s.nextIP, serveEnvoy); apierrors.IsConflict(err) {
-			return false, nil // CAPI wrote the object meanwhile: next time
-		} else if err != nil {
+		if err := finishEvictedGuestPods(ctx, l); err != nil {
 			return false, err
 		}
 		all := machineSetsFor(ctx, l, s.cluster, "")
-		return machineDeploymentAvailable(ctx, l, s.cluster, 2) && len(s.running) == 2 &&
+		workers := s.kubevirt.Workers()
+		return machineDeploymentAvailable(ctx, l, s.cluster, 2) && len(workers) == 2 &&
+			!slices.ContainsFunc(workers, func(w *lab.Worker) bool { return !slices.Contains(w.Declared, 30443) }) &&
 			len(all) == 1 && all[0].Spec.Template.Spec.InfrastructureRef.Name == generated, nil
 	})
 	if err != nil {
@@ -144,6 +146,7 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 	}
 	fmt.Printf("\nthe rollout finished in %s: the old MachineSet scaled down and deleted, both workers run the generated template\n", time.Since(started).Round(100*time.Millisecond))
 	host("get", "machinedeployments,machinesets,machines", "-n", clusterNamespace)
+	host(vmPorts...)
 	host(portsDeclared...)
 	if err := waitFor(ctx, func() bool {
 		return l.Host.Client.Get(ctx, key, gi) == nil && conditions.IsTrue(gi, guestnetv1.ReadyCondition) && gi.Status.ReadyEndpoints == 2
@@ -159,7 +162,29 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 // portsDeclared are the kubectl arguments that print the GuestIngress's PortsDeclared condition.
 var portsDeclared = []string{"get", "gi", "web", "-n", clusterNamespace, "-o", `jsonpath={range .status.conditions[?(@.type=="PortsDeclared")]}{.type}={.status} {.reason}: {.message}{"\n"}{end}`}
 
-// serveEnvoy runs the Envoy stand-in of a new worker VM.
+// vmPorts are the kubectl arguments that print the workers' VMs (CAPK's) with the ports
+// their masquerade interface declares.
+var vmPorts = []string{"get", "virtualmachines", "-n", clusterNamespace, "-o", "custom-columns=VM:.metadata.name,READY:.status.ready,DECLARED PORTS:.spec.template.spec.domain.devices.interfaces[0].ports[*].port"}
+
+// vmsClonedFrom lists the VMs CAPK created for KubevirtMachines cloned from template.
+func vmsClonedFrom(ctx context.Context, l *lab.Lab, template string) []string {
+	machines := &unstructured.UnstructuredList{}
+	machines.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtMachineList"))
+	if err := l.Host.Client.List(ctx, machines, client.InNamespace(clusterNamespace)); err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range machines.Items {
+		vm := &kubevirtv1.VirtualMachine{}
+		if m.GetAnnotations()[clusterv1.TemplateClonedFromNameAnnotation] == template &&
+			l.Host.Client.Get(ctx, client.ObjectKey{Namespace: clusterNamespace, Name: m.GetName()}, vm) == nil {
+			out = append(out, vm.Name)
+		}
+	}
+	return out
+}
+
+// serveEnvoy runs the Envoy stand-in of a worker VM.
 func serveEnvoy(w *lab.Worker) error {
 	for _, port := range []int32{30080, 30443} {
 		if err := w.ServeMachineName(port); err != nil {

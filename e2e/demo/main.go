@@ -1,7 +1,8 @@
 // Command demo starts the two-cluster lab (host + guest control planes) with a guest cluster
 // as the field report found it, and shows its state the way an operator sees it: kubectl on
-// the host and on the guest. The Cluster API core manager is the real one (lab.StartCAPI):
-// the GuestIngress part shows the worker rollout it runs when guestnet repoints the
+// the host and on the guest. The Cluster API core manager and CAPK are the real ones
+// (lab.StartCAPI, lab.StartCAPK; KubeVirt is played, lab.StartKubeVirtStandIn): the
+// GuestIngress part shows the worker rollout they run when guestnet repoints the
 // MachineDeployment. Run it with `make demo`: it needs the lab's private network
 // namespace (hack/labns) and the lab assets the Makefile builds.
 package main
@@ -65,9 +66,9 @@ func run(hold bool, dir string) error {
 		return err
 	}
 
-	section("Host: the CAPI cluster, its worker template and the workers' virt-launcher pods")
+	section("Host: the CAPI cluster, its worker template, the workers' VMs (CAPK's) and their virt-launcher pods")
 	host := kubectl(l, l.Host)
-	host("get", "clusters,machinedeployments,machinesets,machines,kubevirtmachinetemplates", "-n", clusterNamespace)
+	host("get", "clusters,machinedeployments,machinesets,machines,kubevirtmachinetemplates,kubevirtmachines,virtualmachines,virtualmachineinstances", "-n", clusterNamespace)
 	host("get", "pods", "-n", clusterNamespace, "-o", "wide", "-L", "cluster.x-k8s.io/cluster-name,cluster.x-k8s.io/role,"+lab.VMTemplateLabel)
 
 	section("Host: two Services for the workers. The field report's selected by virtualMachineTemplate.metadata.labels (KubeVirt never copies those to the pods): no endpoints. The CAPI labels select every worker")
@@ -121,9 +122,10 @@ func run(hold bool, dir string) error {
 
 type scenario struct {
 	cluster *lab.GuestCluster
-	// running holds the worker VMs by Machine (playCAPK); workers the first two, in order.
-	running       map[string]*lab.Worker
-	ipSuffix      int
+	// kubevirt boots the VMs the real CAPK creates (KubeVirt stand-in); boot is what runs
+	// in each; workers are the first two, in order.
+	kubevirt      *lab.KubeVirt
+	boot          vmBoot
 	workers       []*lab.Worker
 	certManager   *lab.CertManager
 	clusterIssuer string // path of a ClusterIssuer manifest
@@ -142,10 +144,11 @@ func bridgeNodePorts() []int32 {
 }
 
 // setUpFieldReport builds the guest cluster as the field report found it, its workers those
-// of the real CAPI manager it starts (lab.StartCAPI; the demo plays CAPK, see playCAPK): two
-// workers running the real cert-manager webhook (and cainjector) and the real metrics-server, a host
-// Service selecting the workers by the wrong labels; then waits until the host's controller
-// manager and the guest's aggregator have reacted.
+// of the real CAPI and CAPK managers it starts (lab.StartCAPI, lab.StartCAPK; KubeVirt is
+// played, lab.StartKubeVirtStandIn): two workers running the real cert-manager webhook (and
+// cainjector) and the real metrics-server, a host Service selecting the workers by the wrong
+// labels; then waits until the host's controller manager and the guest's aggregator have
+// reacted.
 func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	ports := append([]int32{22, 10250, lab.WorkerServicePort}, bridgeNodePorts()...)
 	capi, err := l.StartCAPI(ctx, clusterNamespace, capiWatchFilter)
@@ -153,25 +156,26 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 		return nil, err
 	}
 	fmt.Printf("Cluster API core manager v1.14.2 running (log %s)\n", capi.LogPath())
-	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: ports}, lab.ForRealCAPI(capiWatchFilter))
+	capk, err := l.StartCAPK(ctx, clusterNamespace)
 	if err != nil {
 		return nil, err
 	}
-	// CAPI creates the MachineSet and its two Machines; the demo plays CAPK and KubeVirt
-	// (playCAPK): a VM for each, booted and joined, until the MachineDeployment is available.
-	s := &scenario{cluster: gc, running: map[string]*lab.Worker{}}
-	var playErr error
-	if err := waitFor(ctx, func() bool {
-		playErr = playCAPK(ctx, l, gc, s.running, s.nextIP, nil)
-		return playErr == nil && machineDeploymentAvailable(ctx, l, gc, 2)
-	}); err != nil {
-		played := "none"
-		if playErr != nil {
-			played = playErr.Error()
-		}
-		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available (last error playing CAPK: %s; CAPI's log: %s): %w", played, capi.LogPath(), err)
+	fmt.Printf("CAPK manager v0.11.2 running (log %s)\n", capk.LogPath())
+	gc, err := l.CreateGuestCluster(ctx, clusterNamespace, clusterName, lab.WorkerTemplateOptions{Ports: ports},
+		lab.ForRealCAPI(capiWatchFilter), lab.ForRealCAPK())
+	if err != nil {
+		return nil, err
 	}
-	workers := sortedWorkers(s.running)
+	// CAPI creates the MachineSet and its two Machines, CAPK their VMs; the KubeVirt stand-in
+	// boots them, until the MachineDeployment is available.
+	s := &scenario{cluster: gc}
+	if s.kubevirt, err = l.StartKubeVirtStandIn(ctx, clusterNamespace, lab.KubeVirtOptions{WorkerSubnet: workerSubnet, OnBoot: s.boot.onBoot}); err != nil {
+		return nil, err
+	}
+	if err := waitFor(ctx, func() bool { return machineDeploymentAvailable(ctx, l, gc, 2) }); err != nil {
+		return nil, fmt.Errorf("waiting for CAPI's MachineDeployment to be available (logs: %s, %s): %w", capi.LogPath(), capk.LogPath(), err)
+	}
+	workers := s.kubevirt.Workers()
 	for i, w := range workers {
 		usage := lab.KubeletUsage{CPUCores: 0.25 * float64(i+1), MemoryBytes: (1536 + 512*int64(i)) << 20}
 		if i == 1 {
@@ -226,12 +230,6 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	}
 	s.workers, s.certManager, s.clusterIssuer = workers, cm, clusterIssuer
 	return s, nil
-}
-
-// nextIP returns the pod IP of the next worker VM: 10.244.1.11, 10.244.1.12, ...
-func (s *scenario) nextIP() string {
-	s.ipSuffix++
-	return fmt.Sprintf("10.244.1.%d", 10+s.ipSuffix)
 }
 
 // machineDeploymentAvailable reports whether CAPI says the cluster's MachineDeployment has

@@ -2,18 +2,14 @@ package lab
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,8 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // CAPIPodAddress is the host pod IP of the lab's Cluster API controller pods: where their
@@ -128,23 +122,7 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 	}
 	l.onStop(c.Stop)
 
-	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return c.netns.dial(ctx, addr) },
-	}}
-	if err := c.proc.waitReady(readyCtx, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9440/readyz", http.NoBody)
-		resp, err := probe.Do(req)
-		if err != nil {
-			return err
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("readyz: %s", resp.Status)
-		}
-		return nil
-	}); err != nil {
+	if err := waitHealthReady(ctx, c.proc, c.netns); err != nil {
 		return nil, err
 	}
 	if err := c.registerWebhooks(ctx, manifests); err != nil {
@@ -156,38 +134,9 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 // registerWebhooks creates CAPI's mutating and validating webhook configurations (core
 // config/webhook/manifests.yaml) under names of this manager, each webhook pointing at the
 // published server by url and limited to the manager's namespace.
-func (c *CAPI) registerWebhooks(ctx context.Context, manifests []byte) error {
-	objs, err := DecodeObjects(manifests)
-	if err != nil {
-		return fmt.Errorf("CAPI webhook manifests: %w", err)
-	}
-	caBundle := base64.StdEncoding.EncodeToString(c.l.Host.CA.CertPEM())
-	for _, o := range objs {
-		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
-		var kept []any
-		for _, h := range hooks {
-			hook := h.(map[string]any)
-			if clusterScoped(hook) {
-				continue
-			}
-			path, _, _ := unstructured.NestedString(hook, "clientConfig", "service", "path")
-			hook["clientConfig"] = map[string]any{
-				"url":      "https://" + c.WebhookAddress + path,
-				"caBundle": caBundle,
-			}
-			hook["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": c.Namespace}}
-			kept = append(kept, hook)
-		}
-		if err := unstructured.SetNestedSlice(o.Object, kept, "webhooks"); err != nil {
-			return err
-		}
-		o.SetName("capi-" + c.Namespace + "-" + o.GetName())
-		if err := c.l.Host.Client.Create(ctx, o); err != nil {
-			return fmt.Errorf("registering CAPI webhooks %s: %w", o.GetName(), err)
-		}
-		c.webhooks = append(c.webhooks, o)
-	}
-	return nil
+func (c *CAPI) registerWebhooks(ctx context.Context, manifests []byte) (err error) {
+	c.webhooks, err = registerURLWebhooks(ctx, c.l, manifests, "capi-"+c.Namespace, c.Namespace, c.WebhookAddress, clusterScoped)
+	return err
 }
 
 // clusterScoped reports whether a webhook is for ExtensionConfigs, the one cluster-scoped
@@ -222,101 +171,6 @@ func (c *CAPI) Stop() {
 
 // LogPath is the manager's log file.
 func (c *CAPI) LogPath() string { return c.proc.logPath }
-
-// ProvisionKubevirtMachines plays CAPK (and KubeVirt) for the real CAPI: every KubevirtMachine
-// of namespace ns that is not ready yet gets CAPK's finalizer and providerID
-// (kubevirt://<name>, the VM is named after it) and status.ready, and the guest a Ready Node
-// of that name and providerID, as when the VM has booted and joined. CAPI then finds the
-// Node, the Machine becomes available and a rollout goes on. A Machine CAPI deletes stays
-// until its KubevirtMachine is gone, which is when ReleaseDeletedKubevirtMachines plays CAPK
-// having deleted the VM. It returns how many it provisioned; call it again for the Machines a
-// rollout creates next. No virt-launcher pod is created: AddWorker does that, and called
-// first with the KubevirtMachine's name its Node is the one given the providerID.
-func (l *Lab) ProvisionKubevirtMachines(ctx context.Context, ns string) (int, error) {
-	list := newUnstructuredList(kubevirtMachineGVK)
-	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
-		return 0, err
-	}
-	n := 0
-	for i := range list.Items {
-		m := &list.Items[i]
-		if ready, _, _ := unstructured.NestedBool(m.Object, "status", "ready"); ready || m.GetDeletionTimestamp() != nil {
-			continue
-		}
-		providerID := "kubevirt://" + m.GetName()
-		m.SetFinalizers(append(m.GetFinalizers(), capkMachineFinalizer))
-		if err := unstructured.SetNestedField(m.Object, providerID, "spec", "providerID"); err != nil {
-			return n, err
-		}
-		if err := l.Host.Client.Update(ctx, m); err != nil {
-			return n, fmt.Errorf("setting providerID of KubevirtMachine %s: %w", m.GetName(), err)
-		}
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.GetName()}, Spec: corev1.NodeSpec{ProviderID: providerID}}
-		if err := l.Guest.Client.Create(ctx, node); apierrors.IsAlreadyExists(err) {
-			// AddWorker created it (with the VM's address): keep that, add the providerID.
-			if err := l.Guest.Client.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
-				return n, err
-			}
-			node.Spec.ProviderID = providerID
-			if err := l.Guest.Client.Update(ctx, node); err != nil {
-				return n, fmt.Errorf("setting providerID of guest Node %s: %w", m.GetName(), err)
-			}
-		} else if err != nil {
-			return n, fmt.Errorf("creating guest Node %s: %w", m.GetName(), err)
-		}
-		// As a kubelet reports them: CAPI's NodeHealthy needs the pressure conditions too.
-		now := metav1.Now()
-		node.Status.Conditions = []corev1.NodeCondition{{
-			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			Message: "lab node (played CAPK)", LastHeartbeatTime: now, LastTransitionTime: now,
-		}}
-		for _, t := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure} {
-			node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{
-				Type: t, Status: corev1.ConditionFalse, Reason: "KubeletHas" + strings.TrimSuffix(string(t), "Pressure") + "Available",
-				LastHeartbeatTime: now, LastTransitionTime: now,
-			})
-		}
-		if err := l.Guest.Client.Status().Update(ctx, node); err != nil {
-			return n, fmt.Errorf("setting status of guest Node %s: %w", m.GetName(), err)
-		}
-		if err := unstructured.SetNestedField(m.Object, true, "status", "ready"); err != nil {
-			return n, err
-		}
-		if err := l.Host.Client.Status().Update(ctx, m); err != nil {
-			return n, fmt.Errorf("setting KubevirtMachine %s ready: %w", m.GetName(), err)
-		}
-		n++
-	}
-	return n, nil
-}
-
-// ReleaseDeletedKubevirtMachines plays CAPK once the VM of a deleted KubevirtMachine is gone:
-// it removes CAPK's finalizer from every KubevirtMachine of namespace ns being deleted, and
-// returns how many.
-func (l *Lab) ReleaseDeletedKubevirtMachines(ctx context.Context, ns string) (int, error) {
-	list := newUnstructuredList(kubevirtMachineGVK)
-	if err := l.Host.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
-		return 0, err
-	}
-	n := 0
-	for i := range list.Items {
-		m := &list.Items[i]
-		if m.GetDeletionTimestamp() == nil || !slices.Contains(m.GetFinalizers(), capkMachineFinalizer) {
-			continue
-		}
-		m.SetFinalizers(slices.DeleteFunc(m.GetFinalizers(), func(f string) bool { return f == capkMachineFinalizer }))
-		if err := l.Host.Client.Update(ctx, m); client.IgnoreNotFound(err) != nil {
-			return n, fmt.Errorf("releasing KubevirtMachine %s: %w", m.GetName(), err)
-		}
-		n++
-	}
-	return n, nil
-}
-
-// capkMachineFinalizer is CAPK's finalizer on a KubevirtMachine (api/v1alpha1 MachineFinalizer).
-const capkMachineFinalizer = "kubevirtmachine.infrastructure.cluster.x-k8s.io"
-
-var kubevirtMachineGVK = ports.KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtMachine")
 
 // The lab's stand-in for k0smotron's control plane CRD: nothing of k0smotron runs, but CAPI
 // reads the Cluster's control plane (initialized, ready) and refuses to delete a Machine's

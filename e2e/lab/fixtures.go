@@ -12,32 +12,32 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
-// Labels KubeVirt puts on every virt-launcher pod, and the ones CAPK puts on the VMI
-// template (so KubeVirt copies them to the pod). CAPI's own labels come from clusterv1. They
-// are spelled here as KubeVirt and CAPK set them, on purpose independently of guestnet's
-// selector (internal/virtlauncher): the lab plays reality, and a wrong selector in guestnet
-// must find no pod here, as in production.
+// Labels CAPK (pkg/kubevirt/utils.go, machine.go) puts on the VMI template of a VM, so that
+// KubeVirt copies them to the virt-launcher pod (virtLauncherPodLabels adds KubeVirt's own).
+// AddWorker plays CAPK with them; the real CAPK (StartCAPK) sets its own, and
+// TestLab_RealCAPKCreatesTheVMs checks that these are the same. CAPI's come from clusterv1.
+// They are spelled here as CAPK sets them, on purpose independently of guestnet's selector
+// (internal/virtlauncher): the lab plays reality, and a wrong selector in guestnet must find
+// no pod here, as in production.
 const (
-	kubevirtLabel          = "kubevirt.io"
-	kubevirtLauncherValue  = "virt-launcher"
-	clusterRoleLabel       = "cluster.x-k8s.io/role"
-	workerRoleValue        = "worker"
-	kubevirtCreatedByLabel = "kubevirt.io/created-by"
-	kubevirtVMNameLabel    = "vm.kubevirt.io/name"
-	capkVMLabel            = "kubevirt.io/vm"
-	capkNameLabel          = "name"
-	capkMachineNameLabel   = "capk.cluster.x-k8s.io/kubevirt-machine-name"
-	capkMachineNSLabel     = "capk.cluster.x-k8s.io/kubevirt-machine-namespace"
+	clusterRoleLabel     = "cluster.x-k8s.io/role"
+	workerRoleValue      = "worker"
+	capkVMLabel          = "kubevirt.io/vm"
+	capkNameLabel        = "name"
+	capkMachineNameLabel = "capk.cluster.x-k8s.io/kubevirt-machine-name"
+	capkMachineNSLabel   = "capk.cluster.x-k8s.io/kubevirt-machine-namespace"
 	// VMTemplateLabel is the label the lab's worker template puts in
 	// virtualMachineTemplate.metadata.labels, where the field report first put its selector.
 	VMTemplateLabel = "lab.guestnet.dev/worker-pool"
@@ -248,6 +248,9 @@ type Worker struct {
 	Template string
 	// VMAddress is where what runs inside the VM listens (see ServeInVM).
 	VMAddress string
+	// Declared are the TCP ports the VM's masquerade interface declares (nil: no ports
+	// list, every port is forwarded); only set for VMs of the KubeVirt stand-in.
+	Declared []int32
 
 	nat *masqueradeNAT
 	mu  sync.Mutex
@@ -273,29 +276,32 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 	if err != nil {
 		return nil, err
 	}
-	analysis, err := ports.Analyze(tmpl, nil)
+	// The ports the VM's masquerade interface declares, read as KubeVirt reads them (the
+	// stand-in's own rule, not guestnet's analysis of the template).
+	vmiSpecMap, _, err := unstructured.NestedMap(tmpl.Object, "spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec")
 	if err != nil {
 		return nil, err
 	}
-	var declared []int32
-	for _, p := range analysis.Declared {
-		if p.Protocol == corev1.ProtocolTCP {
-			declared = append(declared, p.Number)
-		}
+	vmiSpec := &kubevirtv1.VirtualMachineInstanceSpec{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(vmiSpecMap, vmiSpec); err != nil {
+		return nil, fmt.Errorf("reading the VM spec of template %s: %w", tmpl.GetName(), err)
 	}
-	nat, err := newMasqueradeNAT(ip, vmAddr, declared, analysis.State == ports.AllPortsForwarded)
+	declared, forwardAll := masqueradePorts(vmiSpec)
+	nat, err := newMasqueradeNAT(ip, vmAddr, declared, forwardAll)
 	if err != nil {
 		return nil, err
 	}
 	w := &Worker{Machine: machine, IP: ip, Template: tmpl.GetName(), VMAddress: vmAddr, nat: nat}
 	l.track(w)
 
-	vmiUID := uuid.NewUUID()
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{
+		Name: machine, UID: uuid.NewUUID(), Labels: playedCAPKVMILabels(vmiLabels, gc, machine),
+	}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: gc.Namespace,
 			Name:      "virt-launcher-" + machine + "-" + utilrand.String(5),
-			Labels:    VirtLauncherPodLabels(vmiLabels, gc, machine, vmiUID),
+			Labels:    virtLauncherPodLabels(vmi),
 		},
 		Spec: corev1.PodSpec{
 			NodeName:   hostNodeFor(machine),
@@ -411,27 +417,22 @@ func (l *Lab) SetMachineDeploymentStatus(ctx context.Context, gc *GuestCluster, 
 	return l.Host.Client.Status().Update(ctx, md)
 }
 
-// VirtLauncherPodLabels are the labels of the virt-launcher pod of a CAPK worker VM.
-// KubeVirt copies the VMI template's labels (virtualMachineTemplate.spec.template.metadata
-// .labels) to the pod and adds its own; CAPK adds its labels to that VMI template. The VM
-// object's own labels (virtualMachineTemplate.metadata.labels) are NOT copied: a Service
-// selecting by them has no endpoints (docs/runbook.md, "the host Service selects no worker").
-func VirtLauncherPodLabels(vmiTemplateLabels map[string]string, gc *GuestCluster, machine string, vmiUID types.UID) map[string]string {
+// playedCAPKVMILabels are the labels of the VMI template of a worker VM CAPK creates from
+// a KubevirtMachineTemplate whose VMI template carries vmiTemplateLabels: those, and CAPK's.
+// The VM object's own labels (virtualMachineTemplate.metadata.labels) are NOT among them,
+// and KubeVirt copies only the VMI's to the pod: a Service selecting by them has no
+// endpoints (docs/runbook.md, "the host Service selects no worker").
+func playedCAPKVMILabels(vmiTemplateLabels map[string]string, gc *GuestCluster, machine string) map[string]string {
 	labels := maps.Clone(vmiTemplateLabels)
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	// CAPK (pkg/kubevirt/utils.go, machine.go) on the VMI template.
 	labels[capkVMLabel] = machine
 	labels[capkNameLabel] = machine
 	labels[clusterRoleLabel] = workerRoleValue
 	labels[clusterv1.ClusterNameLabel] = gc.Name
 	labels[capkMachineNameLabel] = machine
 	labels[capkMachineNSLabel] = gc.Namespace
-	// KubeVirt's virt-controller on the pod.
-	labels[kubevirtLabel] = kubevirtLauncherValue
-	labels[kubevirtCreatedByLabel] = string(vmiUID)
-	labels[kubevirtVMNameLabel] = machine
 	return labels
 }
 

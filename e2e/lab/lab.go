@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -38,6 +39,8 @@ var Scheme = newScheme()
 func newScheme() *runtime.Scheme {
 	s := scheme.New()
 	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	// The played KubeVirt (StartKubeVirtStandIn) writes VMs, VMIs and their status.
+	utilruntime.Must(kubevirtv1.AddToScheme(s))
 	return s
 }
 
@@ -59,6 +62,10 @@ type Lab struct {
 
 	// Konnectivity is the guest's konnectivity server (Options.Konnectivity), nil without.
 	Konnectivity *KonnectivityServer
+	// The CAPI CRDs' conversion webhooks, served once per lab (serveCAPIConversion).
+	conversionOnce sync.Once
+	conversionErr  error
+	conversionURL  string
 }
 
 // Cluster is one control plane of the lab with a client for it.

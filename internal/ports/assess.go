@@ -231,9 +231,16 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 		return c
 	}
 
-	var templateErrs, missing, topology, reverted, taken, rolling, forwarded, notMasquerade []string
+	var templateErrs, elsewhere, missing, topology, reverted, taken, rolling, forwarded, notMasquerade []string
 	for _, w := range workers {
 		md := w.MachineDeployment.Name
+		if w.Template != nil {
+			if where := VMsElsewhere(w.Template); where != "" {
+				elsewhere = append(elsewhere, fmt.Sprintf("CAPK creates the VMs of MachineDeployment %s in %s, not in the Cluster's namespace %s: "+
+					"guestnet's host Services select the workers' virt-launcher pods in the Cluster's namespace only, so these workers get no traffic through them; "+
+					"let CAPK create the VMs in the Cluster's namespace", md, where, w.Template.GetNamespace()))
+			}
+		}
 		switch {
 		case w.TemplateErr != nil:
 			templateErrs = append(templateErrs, w.TemplateErr.Error()+": fix the MachineDeployment's infrastructureRef")
@@ -281,6 +288,8 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 	switch {
 	case len(templateErrs) > 0:
 		c.Reason, c.Message = guestnetv1.WorkerTemplateErrorReason, strings.Join(templateErrs, "; ")
+	case len(elsewhere) > 0:
+		c.Reason, c.Message = guestnetv1.WorkersElsewhereReason, strings.Join(elsewhere, "; ")
 	case len(topology) > 0:
 		c.Reason, c.Message = guestnetv1.TopologyVariableRequiredReason, strings.Join(topology, "; ")
 	case len(reverted) > 0:

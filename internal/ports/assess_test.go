@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -63,6 +64,23 @@ func TestPortsDeclaredCondition(t *testing.T) {
 			wantStatus: metav1.ConditionTrue, wantReason: guestnetv1.AllPortsForwardedReason},
 		{name: "not masquerade", own: own, workers: []Workers{workers("md-0", NotMasquerade, nil)},
 			wantStatus: metav1.ConditionTrue, wantReason: guestnetv1.NotMasqueradeReason},
+		// CAPK creates the VMs in virtualMachineTemplate.metadata.namespace when set (found
+		// reading the real CAPK v0.11.2 the lab runs): their pods are out of the host
+		// Services' reach, though the ports are declared.
+		{name: "VMs in another namespace", own: own, workers: []Workers{workers("md-0", PortsDeclared, declared), workers("md-1", PortsDeclared, declared, func(w *Workers) {
+			g := NewWithT(t)
+			g.Expect(unstructured.SetNestedField(w.Template.Object, "vms", "spec", "template", "spec", "virtualMachineTemplate", "metadata", "namespace")).To(Succeed())
+		})}, wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.WorkersElsewhereReason,
+			wantInMsg: []string{"CAPK creates the VMs of MachineDeployment md-1 in namespace vms (virtualMachineTemplate.metadata.namespace of KubevirtMachineTemplate md-1-tmpl), not in the Cluster's namespace tenant"}},
+		{name: "VMs in another cluster", own: own, workers: []Workers{workers("md-0", PortsDeclared, declared, func(w *Workers) {
+			g := NewWithT(t)
+			g.Expect(unstructured.SetNestedField(w.Template.Object, "infra-kubeconfig", "spec", "template", "spec", "infraClusterSecretRef", "name")).To(Succeed())
+		})}, wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.WorkersElsewhereReason,
+			wantInMsg: []string{"in the infrastructure cluster of Secret infra-kubeconfig (infraClusterSecretRef"}},
+		{name: "VMs in the Cluster's namespace, spelled out", own: own, workers: []Workers{workers("md-0", PortsDeclared, declared, func(w *Workers) {
+			g := NewWithT(t)
+			g.Expect(unstructured.SetNestedField(w.Template.Object, "tenant", "spec", "template", "spec", "virtualMachineTemplate", "metadata", "namespace")).To(Succeed())
+		})}, wantStatus: metav1.ConditionTrue, wantReason: guestnetv1.PortsDeclaredReason},
 		{name: "template error wins", own: own, workers: []Workers{workers("md-0", PortsMissing, nil), workers("md-1", "", nil, func(w *Workers) {
 			w.TemplateErr = errors.New("KubevirtMachineTemplate gone (MachineDeployment md-1) does not exist")
 		})}, wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.WorkerTemplateErrorReason, wantInMsg: []string{"gone", "fix the MachineDeployment's infrastructureRef"}},

@@ -92,6 +92,23 @@ func Analyze(tmpl *unstructured.Unstructured, required Set) (Analysis, error) {
 	return a, nil
 }
 
+// VMsElsewhere says where CAPK creates the VMs of tmpl's Machines when that is not the
+// template's namespace (the Cluster's, where guestnet's host Services select the workers'
+// virt-launcher pods), and "" when it is. CAPK (v0.11.2, KubevirtMachine controller) creates
+// them in virtualMachineTemplate.metadata.namespace when set, and in the cluster of
+// infraClusterSecretRef when set (this looks at the template's; a KubevirtCluster's is the
+// default CAPK gives Machines without one).
+func VMsElsewhere(tmpl *unstructured.Unstructured) string {
+	if secret, _, _ := unstructured.NestedString(tmpl.Object, "spec", "template", "spec", "infraClusterSecretRef", "name"); secret != "" {
+		return fmt.Sprintf("the infrastructure cluster of Secret %s (infraClusterSecretRef of KubevirtMachineTemplate %s)", secret, tmpl.GetName())
+	}
+	ns, _, _ := unstructured.NestedString(tmpl.Object, "spec", "template", "spec", "virtualMachineTemplate", "metadata", "namespace")
+	if ns != "" && ns != tmpl.GetNamespace() {
+		return fmt.Sprintf("namespace %s (virtualMachineTemplate.metadata.namespace of KubevirtMachineTemplate %s)", ns, tmpl.GetName())
+	}
+	return ""
+}
+
 // podInterface decodes the template's interfaces and returns them with the index of the one
 // attached to the pod network (-1 when none is declared: KubeVirt then forwards everything).
 func podInterface(tmpl *unstructured.Unstructured) ([]kubevirtv1.Interface, int, error) {
