@@ -5,7 +5,7 @@
 // and each bridge has bridged its targets, the manager's requests per object from the
 // apiservers' audit logs at creation and over a resync at steady state, and the manager's RSS
 // and CPU seconds; it writes BENCH_OUT/results.md and results.json. It asserts nothing: the
-// regression guard is e2e/scale, in `make test`. Without GUESTNET_MANAGER_BIN it is skipped.
+// regression guard is e2e/scale, in `make test`. Without BENCH_N (set by `make bench`) it is skipped.
 package bench_test
 
 import (

@@ -20,7 +20,7 @@ type series struct {
 const (
 	panelW, panelH = 360, 260
 	marginL        = 56
-	marginT        = 40
+	marginT        = 56
 	marginB        = 48
 	gap            = 80
 )
