@@ -152,21 +152,25 @@ func TestMissingTemplateGivesAConditionAndNoWrite(t *testing.T) {
 }
 
 // The Cluster's template-revision annotation forces a new template even when no port is
-// missing (for changes no value captures), and the bridge reports the rollout.
+// missing (for changes no value captures), and the bridge reports the rollout, which the
+// real CAPI performs (KubeVirt holds the new VMs until the report is seen).
 func TestTemplateRevisionForcesANewTemplate(t *testing.T) {
-	e := newEnv(t, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, bridgePorts...), UDPPorts: []int32{tunnelPort}})
+	e, kv := newRunningRealEnv(t, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, bridgePorts...), UDPPorts: []int32{tunnelPort}}, "10.244.45.0/24")
 	e.createBridge("webhooks")
 	e.expectUntouched()
 	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
 
+	kv.Hold()
 	e.annotateCluster(guestnetv1.TemplateRevisionAnnotation, "2")
 	md := e.eventuallyRepointed(e.gc.WorkerTemplate)
 	tmpl := e.template(md.Spec.Template.Spec.InfrastructureRef.Name)
 	e.g.Expect(tmpl.GetAnnotations()).To(HaveKeyWithValue(guestnetv1.TemplateRevisionAnnotation, "2"))
 	c := e.eventuallyBridgePortsDeclared(metav1.ConditionFalse, guestnetv1.RollingOutReason)
 	e.g.Expect(c.Message).To(ContainSubstring("0 of 2 workers run it"))
+	e.g.Eventually(e.machineSetTemplates).Should(Equal(map[string]int32{e.gc.WorkerTemplate: 2, tmpl.GetName(): 1}))
 
-	e.settleRollout(2)
+	e.g.Expect(kv.Release(e.ctx)).To(Succeed())
+	e.eventuallyRolledOutTo(tmpl.GetName())
 	e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
 	e.g.Consistently(func() string { return e.machineDeployment().Spec.Template.Spec.InfrastructureRef.Name }).
 		WithTimeout(quiet).WithPolling(interval).Should(Equal(tmpl.GetName()), "the same revision gives the same template")
