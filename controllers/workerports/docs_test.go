@@ -26,7 +26,7 @@ func TestDocsNameTheInvariantsTests(t *testing.T) {
 	named := regexp.MustCompile("`(Test[A-Za-z0-9_]+)`").FindAllStringSubmatch(invariants, -1)
 	g.Expect(named).NotTo(BeEmpty())
 	var sources strings.Builder
-	for _, dir := range []string{"controllers/workerports", "internal/ports"} {
+	for _, dir := range []string{"controllers/workerports", "internal/ports", "e2e"} {
 		files, err := filepath.Glob(filepath.Join(root, dir, "*_test.go"))
 		g.Expect(err).NotTo(HaveOccurred())
 		for _, f := range files {

@@ -6,9 +6,11 @@ package workerports_test
 // the names it would use, MachineSets of other clusters, users and GitOps tools repointing
 // MachineDeployments behind guestnet's back.
 //
-// The tests assert on MachineDeployment specs, templates and guestnet's conditions. The one
-// thing they play is CAPI finishing a rollout (settle), so they run unchanged once the lab
-// runs the real CAPI controllers.
+// The tests assert on MachineDeployment specs, templates and guestnet's conditions.
+// TestRevertByGitOpsIsNotFought, whose claims are about rollouts (rolled back, rolled once
+// more), runs them on the real CAPI and CAPK (newRunningRealEnv). The others play a settled
+// MachineDeployment (settle): they test decisions taken in that state, with several Clusters
+// or a crashing manager, where a real rollout each time would only multiply minutes.
 
 import (
 	"context"
@@ -141,7 +143,7 @@ func TestObjectHoldingTheCopysNameIsNotAdopted(t *testing.T) {
 // manager and gives the exact ports list to declare in the source, and so does diagnose.
 // Once the source declares them, the condition clears and guestnet writes nothing.
 func TestRevertByGitOpsIsNotFought(t *testing.T) {
-	for _, tool := range []struct {
+	for i, tool := range []struct {
 		name, manager string
 		// serverSide: Flux's kustomize-controller applies with server-side apply, forced;
 		// Argo CD's default is a client-side apply (a patch).
@@ -151,7 +153,7 @@ func TestRevertByGitOpsIsNotFought(t *testing.T) {
 		{name: "client-side apply", manager: "argocd-controller"},
 	} {
 		t.Run(tool.name, func(t *testing.T) {
-			e := newEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
+			e, _ := newRunningRealEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}}, fmt.Sprintf("10.244.%d.0/24", 46+i))
 			revert := func(template string) {
 				if tool.serverSide {
 					e.applyInfrastructureRefAs(e.gc, tool.manager, template)
@@ -162,7 +164,7 @@ func TestRevertByGitOpsIsNotFought(t *testing.T) {
 			e.createBridge("webhooks")
 			first := e.eventuallyRepointed(e.gc.WorkerTemplate).Spec.Template.Spec.InfrastructureRef.Name
 			// A second copy replaces the first: the revert is recognised all the same.
-			e.settleRollout(2)
+			e.eventuallyRolledOutTo(first)
 			e.createGuestIngress("web", 30080)
 			e.eventuallyRepointed(first)
 
@@ -174,7 +176,7 @@ func TestRevertByGitOpsIsNotFought(t *testing.T) {
 
 			// CAPI rolls back to the reverted template; guestnet leaves it there.
 			md := e.machineDeployment()
-			e.settleRollout(2)
+			e.eventuallyRolledOutTo(e.gc.WorkerTemplate)
 			e.g.Consistently(func(g Gomega) {
 				now := e.machineDeployment()
 				g.Expect(now.Spec.Template.Spec.InfrastructureRef.Name).To(Equal(e.gc.WorkerTemplate))
@@ -199,7 +201,7 @@ func TestRevertByGitOpsIsNotFought(t *testing.T) {
 			})
 			revert("guest-1-md-0-fixed")
 			md = e.machineDeployment()
-			e.settleRollout(2)
+			e.eventuallyRolledOutTo("guest-1-md-0-fixed")
 			e.eventuallyBridgePortsDeclared(metav1.ConditionTrue, guestnetv1.PortsDeclaredReason)
 			e.g.Consistently(func() int64 { return e.machineDeployment().Generation }).
 				WithTimeout(quiet).WithPolling(interval).Should(Equal(md.Generation))

@@ -226,6 +226,30 @@ func newRealEnv(t *testing.T, tmpl lab.WorkerTemplateOptions) *env {
 	}, tmpl, []lab.GuestClusterOption{lab.ForRealCAPI(filter), lab.ForRealCAPK()})
 }
 
+// newRunningRealEnv is newRealEnv with KubeVirt played on workerSubnet (lab-wide unique per
+// test) from the start, the first rollout over (two available workers on the user's
+// template), and guestnet's worker ports and GuestWebhookBridge controllers started; every
+// Eventually of the test may last a real rollout.
+func newRunningRealEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, workerSubnet string) (*env, *lab.KubeVirt) {
+	e := newRealEnv(t, tmpl)
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: workerSubnet})
+	e.g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(kv.Stop)
+	e.g.SetDefaultEventuallyTimeout(rollout)
+	e.eventuallyAvailable(2)
+	startWorkerPortsAndBridge(t, e)
+	return e, kv
+}
+
+// eventuallyRolledOutTo waits until CAPI has rolled the workers onto template: one MachineSet
+// left, of that template, and both workers available.
+func (e *env) eventuallyRolledOutTo(template string) {
+	e.g.Eventually(func(g Gomega) {
+		g.Expect(e.machineSetTemplates(g)).To(Equal(map[string]int32{template: 2}))
+		g.Expect(ptr.Deref(e.machineDeployment().Status.AvailableReplicas, 0)).To(BeEquivalentTo(2))
+	}).WithTimeout(rollout).WithPolling(time.Second).Should(Succeed())
+}
+
 // startWorkerPortsAndBridge starts guestnet's worker ports and GuestWebhookBridge controllers.
 func startWorkerPortsAndBridge(t *testing.T, e *env) {
 	lab.StartManager(t, e.l, manager.Options{WatchNamespace: e.ns}, setupWorkerPortsAndBridge)

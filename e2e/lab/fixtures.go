@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -108,14 +109,20 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 	// Cluster controller (StartCAPI) sets once the control plane says so, and never unsets;
 	// the lab has no control-plane object for it to read (no k0smotron), and the real
 	// Machine controller looks for Nodes only once it is True.
-	cluster.Status.Initialization = clusterv1.ClusterInitializationStatus{
-		InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true),
-	}
-	cluster.Status.Conditions = []metav1.Condition{{
-		Type: clusterv1.ClusterControlPlaneInitializedCondition, Status: metav1.ConditionTrue,
-		Reason: clusterv1.ClusterControlPlaneInitializedReason, LastTransitionTime: metav1.Now(),
-	}}
-	if err := c.Status().Update(ctx, cluster); err != nil {
+	// The real Cluster controller may write the new Cluster first (finalizer, status).
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); err != nil {
+			return err
+		}
+		cluster.Status.Initialization = clusterv1.ClusterInitializationStatus{
+			InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true),
+		}
+		cluster.Status.Conditions = []metav1.Condition{{
+			Type: clusterv1.ClusterControlPlaneInitializedCondition, Status: metav1.ConditionTrue,
+			Reason: clusterv1.ClusterControlPlaneInitializedReason, LastTransitionTime: metav1.Now(),
+		}}
+		return c.Status().Update(ctx, cluster)
+	}); err != nil {
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
 	}
 
