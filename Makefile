@@ -165,7 +165,7 @@ BENCH_OUT          ?= out/bench
 
 .PHONY: bench
 bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for fleets of BENCH_N guest clusters (out/bench/).
-	CGO_ENABLED=0 go build $(MANAGER_GOFLAGS) -ldflags "$(MANAGER_LDFLAGS)" -o bin/manager .
+	@$(call build_step,manager (as a release builds it),CGO_ENABLED=0 go build $(MANAGER_GOFLAGS) -ldflags "$(MANAGER_LDFLAGS)" -o bin/manager .)
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) BENCH_N="$(BENCH_N)" BENCH_BRIDGE_EVERY=$(BENCH_BRIDGE_EVERY) \
 		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 120m -run TestBench -v ./e2e/bench/
 
