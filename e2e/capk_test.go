@@ -112,9 +112,9 @@ func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 	g.Expect(err.Error()).To(ContainSubstring("KubevirtMachineTemplateSpec is immutable"))
 
 	// Scaling down: CAPI deletes a Machine, CAPK its VM; the VMI, the pod and the Node go.
-	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
-	md.Spec.Replicas = ptr.To[int32](1)
-	g.Expect(host.Update(ctx, md)).To(Succeed())
+	g.Expect(update(ctx, host, md, func() *clusterv1.MachineDeployment { return &clusterv1.MachineDeployment{} }, func(md *clusterv1.MachineDeployment) {
+		md.Spec.Replicas = ptr.To[int32](1)
+	})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(host.List(ctx, vms, client.InNamespace(ns))).To(Succeed())
 		g.Expect(vms.Items).To(HaveLen(1))
@@ -149,9 +149,10 @@ func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 	elsewhere.Object["spec"] = tmpl.Object["spec"]
 	g.Expect(unstructured.SetNestedField(elsewhere.Object, vmsNS, "spec", "template", "spec", "virtualMachineTemplate", "metadata", "namespace")).To(Succeed())
 	g.Expect(host.Create(ctx, elsewhere)).To(Succeed())
-	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
-	md.Spec.Template.Spec.InfrastructureRef.Name = elsewhere.GetName()
-	g.Expect(host.Update(ctx, md)).To(Succeed())
+	// (The real MachineDeployment controller writes it too: retried on conflicts.)
+	g.Expect(update(ctx, host, md, func() *clusterv1.MachineDeployment { return &clusterv1.MachineDeployment{} }, func(md *clusterv1.MachineDeployment) {
+		md.Spec.Template.Spec.InfrastructureRef.Name = elsewhere.GetName()
+	})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		elsewhereVMs := &kubevirtv1.VirtualMachineList{}
 		g.Expect(host.List(ctx, elsewhereVMs, client.InNamespace(vmsNS))).To(Succeed())

@@ -3,11 +3,9 @@ package lab
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -16,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -52,14 +49,7 @@ const capiWebhookPort = 9443
 // stands in for (a K0smotronControlPlane of a stand-in CRD, ForRealCAPI).
 type CAPI struct {
 	Namespace string
-	// WebhookAddress is host:port of the published webhook server.
-	WebhookAddress string
-
-	l        *Lab
-	netns    *podNetns
-	proc     *process
-	webhooks []client.Object
-	stopOnce sync.Once
+	providerManager
 }
 
 // StartCAPI starts the CAPI core manager for the objects labelled with watchFilter
@@ -76,55 +66,27 @@ func (l *Lab) StartCAPI(ctx context.Context, ns, watchFilter string) (_ *CAPI, e
 	if err != nil {
 		return nil, fmt.Errorf("CAPI webhook manifests: %w (run `make lab-assets`)", err)
 	}
-	name := "capi-" + ns
-	c := &CAPI{Namespace: ns, l: l}
-	defer func() {
-		if err != nil {
-			c.Stop()
-		}
-	}()
-	certDir := filepath.Join(l.Dir, name+"-certs")
-	if err := os.MkdirAll(certDir, 0o700); err != nil {
-		return nil, err
-	}
-	if err := l.Host.CA.IssueFiles(certDir, "tls", CertRequest{
-		CommonName: "capi-webhook-service", IPs: []net.IP{net.ParseIP(CAPIPodAddress)}, Server: true,
-	}); err != nil {
-		return nil, err
-	}
-	if c.netns, err = newPodNetnsTo(l.Dir, name, HostAPIServerAddress, GuestAPIServerAddress); err != nil {
-		return nil, err
-	}
-	if c.WebhookAddress, err = c.netns.publishAt(hostPort(CAPIPodAddress, 0), capiWebhookPort); err != nil {
-		return nil, err
-	}
-	cmd, args := c.netns.command(bin,
-		"--kubeconfig="+l.Host.KubeconfigPath,
-		"--watch-filter="+watchFilter,
-		"--machineset-preflight-checks=",
-		"--feature-gates=ClusterTopology=true",
-		"--leader-elect=false",
-		"--health-addr=127.0.0.1:9440",
-		"--diagnostics-address=127.0.0.1:8443",
-		"--insecure-diagnostics",
-		fmt.Sprintf("--webhook-port=%d", capiWebhookPort),
-		"--webhook-cert-dir="+certDir,
-		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields",
-	)
 	if err := l.installControlPlaneCRD(); err != nil {
 		return nil, err
 	}
 	if err := l.installK0smotronTemplateCRDs(); err != nil {
 		return nil, err
 	}
-	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
+	c := &CAPI{Namespace: ns}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	if err := c.start(ctx, l, "capi-"+ns, bin, CAPIPodAddress, "capi-webhook-service", capiWebhookPort,
+		"--watch-filter="+watchFilter,
+		"--machineset-preflight-checks=",
+		"--feature-gates=ClusterTopology=true",
+		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields",
+	); err != nil {
 		return nil, err
 	}
 	l.onStop(c.Stop)
-
-	if err := waitHealthReady(ctx, c.proc, c.netns); err != nil {
-		return nil, err
-	}
 	if err := c.registerWebhooks(ctx, manifests); err != nil {
 		return nil, err
 	}
@@ -153,24 +115,6 @@ func clusterScoped(hook map[string]any) bool {
 	}
 	return false
 }
-
-// Stop removes the webhook configurations and stops the manager; what it wrote stays.
-func (c *CAPI) Stop() {
-	c.stopOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, o := range c.webhooks {
-			_ = c.l.Host.Client.Delete(ctx, o)
-		}
-		c.proc.stop()
-		if c.netns != nil {
-			c.netns.close()
-		}
-	})
-}
-
-// LogPath is the manager's log file.
-func (c *CAPI) LogPath() string { return c.proc.logPath }
 
 // The lab's stand-in for k0smotron's control plane CRD: nothing of k0smotron runs, but CAPI
 // reads the Cluster's control plane (initialized, ready) and refuses to delete a Machine's

@@ -3,10 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,7 +15,6 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -48,14 +45,7 @@ const CAPKPodAddress = "10.244.0.4"
 // serveCAPIConversion), as clusterctl installs them.
 type CAPK struct {
 	Namespace string
-	// WebhookAddress is host:port of the published webhook server.
-	WebhookAddress string
-
-	l        *Lab
-	netns    *podNetns
-	proc     *process
-	webhooks []client.Object
-	stopOnce sync.Once
+	providerManager
 }
 
 // capkWebhookPort is the webhook server's port inside a CAPK manager's pod namespace.
@@ -87,67 +77,21 @@ func (l *Lab) StartCAPK(ctx context.Context, ns string) (_ *CAPK, err error) {
 	}
 
 	name := "capk-" + ns
-	c := &CAPK{Namespace: ns, l: l}
+	c := &CAPK{Namespace: ns}
 	defer func() {
 		if err != nil {
 			c.Stop()
 		}
 	}()
-	certDir := filepath.Join(l.Dir, name+"-certs")
-	if err := os.MkdirAll(certDir, 0o700); err != nil {
-		return nil, err
-	}
-	if err := l.Host.CA.IssueFiles(certDir, "tls", CertRequest{
-		CommonName: "capk-webhook-service", IPs: []net.IP{net.ParseIP(CAPKPodAddress)}, Server: true,
-	}); err != nil {
-		return nil, err
-	}
-	if c.netns, err = newPodNetnsTo(l.Dir, name, HostAPIServerAddress, GuestAPIServerAddress); err != nil {
-		return nil, err
-	}
-	if c.WebhookAddress, err = c.netns.publishAt(hostPort(CAPKPodAddress, 0), capkWebhookPort); err != nil {
-		return nil, err
-	}
-	cmd, args := c.netns.command(bin,
-		"--kubeconfig="+l.Host.KubeconfigPath,
-		"--namespace="+ns,
-		"--leader-elect=false",
-		"--health-addr=127.0.0.1:9440",
-		"--diagnostics-address=127.0.0.1:8443",
-		"--insecure-diagnostics",
-		fmt.Sprintf("--webhook-port=%d", capkWebhookPort),
-		"--webhook-cert-dir="+certDir,
-	)
-	if c.proc, err = startProcess(l.Dir, name, cmd, args...); err != nil {
+	if err := c.start(ctx, l, name, bin, CAPKPodAddress, "capk-webhook-service", capkWebhookPort, "--namespace="+ns); err != nil {
 		return nil, err
 	}
 	l.onStop(c.Stop)
-	if err := waitHealthReady(ctx, c.proc, c.netns); err != nil {
-		return nil, err
-	}
 	if c.webhooks, err = registerURLWebhooks(ctx, l, manifests, name, ns, c.WebhookAddress, nil); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
-
-// Stop removes the webhook configuration and stops the manager; what it wrote stays.
-func (c *CAPK) Stop() {
-	c.stopOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, o := range c.webhooks {
-			_ = c.l.Host.Client.Delete(ctx, o)
-		}
-		c.proc.stop()
-		if c.netns != nil {
-			c.netns.close()
-		}
-	})
-}
-
-// LogPath is the manager's log file.
-func (c *CAPK) LogPath() string { return c.proc.logPath }
 
 // ForRealCAPK makes the guest cluster one for the real CAPK (StartCAPK; combine it with
 // ForRealCAPI): what the lab plays around CAPK exists, as in a k0smotron cluster on KubeVirt:

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -72,3 +75,74 @@ func registerURLWebhooks(ctx context.Context, l *Lab, manifests []byte, prefix, 
 	}
 	return created, nil
 }
+
+// providerManager is one of those managers, running: its pod network namespace, its process
+// and the webhook configurations registered for it.
+type providerManager struct {
+	// WebhookAddress is host:port of the published webhook server.
+	WebhookAddress string
+
+	l        *Lab
+	netns    *podNetns
+	proc     *process
+	webhooks []client.Object
+	stopOnce sync.Once
+}
+
+// start runs bin (logging to <lab>/<name>.log) in a pod network namespace of its own that
+// reaches the host and guest apiservers, with a serving certificate for podAddress from the
+// host CA in <lab>/<name>-certs, its webhook server (webhookPort inside) published at
+// podAddress on a free port, and the flags every such manager takes (admin kubeconfig, no
+// leader election, health and diagnostics on loopback inside, the webhook port and
+// certificates) then args; and waits until it is ready. On error the caller stops it.
+func (m *providerManager) start(ctx context.Context, l *Lab, name, bin, podAddress, certName string, webhookPort int, args ...string) (err error) {
+	m.l = l
+	certDir := filepath.Join(l.Dir, name+"-certs")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return err
+	}
+	if err := l.Host.CA.IssueFiles(certDir, "tls", CertRequest{
+		CommonName: certName, IPs: []net.IP{net.ParseIP(podAddress)}, Server: true,
+	}); err != nil {
+		return err
+	}
+	if m.netns, err = newPodNetnsTo(l.Dir, name, HostAPIServerAddress, GuestAPIServerAddress); err != nil {
+		return err
+	}
+	if m.WebhookAddress, err = m.netns.publishAt(hostPort(podAddress, 0), webhookPort); err != nil {
+		return err
+	}
+	cmd, cmdArgs := m.netns.command(bin, append([]string{
+		"--kubeconfig=" + l.Host.KubeconfigPath,
+		"--leader-elect=false",
+		"--health-addr=127.0.0.1:9440",
+		"--diagnostics-address=127.0.0.1:8443",
+		"--insecure-diagnostics",
+		fmt.Sprintf("--webhook-port=%d", webhookPort),
+		"--webhook-cert-dir=" + certDir,
+	}, args...)...)
+	if m.proc, err = startProcess(l.Dir, name, cmd, cmdArgs...); err != nil {
+		return err
+	}
+	return waitHealthReady(ctx, m.proc, m.netns)
+}
+
+// Stop removes the webhook configurations and stops the manager; what it wrote stays.
+func (m *providerManager) Stop() {
+	m.stopOnce.Do(func() {
+		if m.l != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, o := range m.webhooks {
+				_ = m.l.Host.Client.Delete(ctx, o)
+			}
+		}
+		m.proc.stop()
+		if m.netns != nil {
+			m.netns.close()
+		}
+	})
+}
+
+// LogPath is the manager's log file.
+func (m *providerManager) LogPath() string { return m.proc.logPath }
