@@ -211,12 +211,12 @@ build: ## Build the manager binary into bin/.
 ##@ Release
 
 .PHONY: release-manifests
-release-manifests: $(KUSTOMIZE) ## Write the clusterctl release files (addon-components.yaml, metadata.yaml) into RELEASE_DIR (out/).
+release-manifests: $(KUSTOMIZE) ## Write the clusterctl release files (addon-components.yaml, metadata.yaml, admission-policies.yaml) into RELEASE_DIR (out/).
 	@hack/release-manifests.sh $(KUSTOMIZE) $(RELEASE_DIR) $(RELEASE_TAG) $(IMAGE_NAME)
 
 # The files of a GitHub release, all in RELEASE_DIR; SHA256SUMS lists them (the release
 # workflow uploads what it lists).
-RELEASE_FILES = addon-components.yaml metadata.yaml \
+RELEASE_FILES = addon-components.yaml metadata.yaml admission-policies.yaml \
 	$(notdir $(wildcard templates/*.yaml)) \
 	$(notdir $(IMAGE_ARCHIVE))
 

@@ -7,6 +7,10 @@
 #                          cluster --from <release URL>/<file>`
 #   guestingresspolicy.yaml  the host admin's GuestIngressPolicy for a tenant namespace
 #                          (`clusterctl generate yaml --from <release URL>/guestingresspolicy.yaml`)
+#   admission-policies.yaml  `kustomize build config/admission`: the optional
+#                          ValidatingAdmissionPolicies that keep tenants away from what guestnet
+#                          trusts (docs/install.md#admission-policies); not in the components file,
+#                          clusterctl does not install it
 # The manager image is IMAGE:TAG, set with `kustomize edit set image` on a copy of config/ (the
 # repository keeps the dev tag). The script fails unless metadata.yaml has a release series for
 # TAG's major.minor, as clusterctl requires. `make release` adds the image archive and
@@ -31,6 +35,8 @@ cp -R config "$tmp/"
 mkdir -p "$dir"
 "$kustomize" build "$tmp/config/default" > "$dir/addon-components.yaml.tmp"
 mv "$dir/addon-components.yaml.tmp" "$dir/addon-components.yaml"
+"$kustomize" build config/admission > "$dir/admission-policies.yaml.tmp"
+mv "$dir/admission-policies.yaml.tmp" "$dir/admission-policies.yaml"
 cp metadata.yaml "$dir/metadata.yaml"
 shopt -s nullglob
 templates=(templates/*.yaml) # every file of templates/ is a release file (the Makefile's RELEASE_FILES)
