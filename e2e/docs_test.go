@@ -1234,6 +1234,8 @@ func TestDocsRBACListsEveryRule(t *testing.T) {
 	granted := map[string]map[string]bool{
 		"ClusterRole guestnet-manager-role":  rbacPermissions(t, filepath.Join(root, "config", "rbac", "role.yaml"), "ClusterRole", ""),
 		"Role guestnet-leader-election-role": rbacPermissions(t, filepath.Join(root, "config", "rbac", "leader_election_role.yaml"), "Role", ""),
+		// The admission's exemption (config/admission, the release's admission-policies.yaml).
+		"ClusterRole guestnet-admission-exempt": rbacPermissions(t, filepath.Join(root, "config", "admission", "exemptions.yaml"), "ClusterRole", ""),
 	}
 	// The roles for tenants and operators (kustomize prefixes their names with guestnet-).
 	for _, name := range []string{"tenant-edit", "tenant-view", "policy-view"} {
