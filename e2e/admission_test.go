@@ -47,11 +47,12 @@ import (
 // The policies of the release, by name, and the ClusterRole whose holders they let through.
 var admissionPolicies = []string{
 	"guestnet-kubeconfig-secrets", "guestnet-finalizers", "guestnet-host-services", "guestnet-watch-filter", "guestnet-pause",
+	"guestnet-control-plane-endpoint",
 }
 
 const admissionExemptRole = "guestnet-admission-exempt"
 
-// The release file holds the five policies, a binding for each, and the exemption's
+// The release file holds the six policies, a binding for each, and the exemption's
 // ClusterRole and ClusterRoleBinding, labelled for clusterctl; none of it is in the components
 // file (the admission is optional), and the exemption's role is aggregated nowhere.
 func TestAdmission_ReleaseFile(t *testing.T) {
@@ -127,6 +128,8 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 	gc := createIngressCluster(t, l, ns, "tenant-a", 32310, 32311)
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: gc.Name}}
 	labelForFilter(t, l, cluster, filter)
+	g.Expect(host.Patch(ctx, cluster.DeepCopy(), client.RawPatch(types.MergePatchType,
+		[]byte(`{"spec":{"controlPlaneEndpoint":{"host":"10.97.110.1","port":6443}}}`)))).To(Succeed())
 	kubeconfig := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: gc.Name + "-kubeconfig"}}
 	guestSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "projectcontour", Name: "envoy"}}
 	gi := newGuestIngress(ns, "web", gc.Name, guestSvc, "10.98.110.10", nil, nil)
@@ -224,6 +227,9 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 		{name: "pause-cluster-annotation", policy: "guestnet-pause",
 			message: fmt.Sprintf("may not pause Cluster %s/%s", ns, gc.Name),
 			do:      patch(cluster, `{"metadata":{"annotations":{"cluster.x-k8s.io/paused":""}}}`)},
+		{name: "control-plane-endpoint", policy: "guestnet-control-plane-endpoint",
+			message: fmt.Sprintf("may not change spec.controlPlaneEndpoint of Cluster %s/%s from 10.97.110.1:6443 to 10.0.0.1:6443", ns, gc.Name),
+			do:      patch(cluster, `{"spec":{"controlPlaneEndpoint":{"host":"10.0.0.1"}}}`)},
 	}
 
 	// Without the policies, the tenant's RBAC alone allows every one of them.
