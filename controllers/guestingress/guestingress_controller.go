@@ -182,7 +182,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // (server-side applied; deleted when the GuestIngress goes).
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // Its EndpointSlices: zero ready endpoints is the field report's "connection refused".
-// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list;watch
 // Cilium LB-IPAM pool (created from spec.loadBalancer, or read when poolRef names one) and L2 announcement policy.
 // +kubebuilder:rbac:groups=cilium.io,resources=ciliumloadbalancerippools;ciliuml2announcementpolicies,verbs=get;list;watch;create;patch;delete
 // PortsDeclared: the worker MachineDeployments and their templates are read (the
@@ -191,7 +191,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinedeployments,verbs=get;list;watch
 // Admission (internal/policy): the GuestIngressPolicies, and the labels of the namespaces they select.
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresspolicies,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

@@ -119,7 +119,7 @@ func (r *Reconciler) filterOptions() []client.ListOption {
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresspolicies/status,verbs=patch
 // Namespaces: their labels are what namespaceSelectors match (the GuestIngress controller
 // reads them too, to admit a GuestIngress).
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // GuestIngresses (counted and listed) and pools (shared pools, and pools that would hand
 // out an IP) are read with the rules of the GuestIngress controller.
 // Events on condition changes.

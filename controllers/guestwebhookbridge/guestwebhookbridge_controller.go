@@ -207,7 +207,7 @@ func (r *Reconciler) endpointSliceToBridge(ctx context.Context, o client.Object)
 // One host ClusterIP Service per bridged guest Service, selecting the worker virt-launcher pods; its DNS name is what the guest apiserver dials.
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // Its EndpointSlices: a bridge without ready endpoints cannot be reachable (probed again when they change).
-// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list;watch
 // PortsDeclared: the worker MachineDeployments and their templates are read (the
 // workerports controller is the one that writes them).
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch
