@@ -283,7 +283,7 @@ func TestRelease_HoldsEveryFileWithItsChecksum(t *testing.T) {
 	}
 	root, err := lab.RepoRoot()
 	g.Expect(err).NotTo(HaveOccurred())
-	want := []string{"addon-components.yaml", "metadata.yaml", filepath.Base(a.archive)}
+	want := []string{"addon-components.yaml", "metadata.yaml", "admission-policies.yaml", filepath.Base(a.archive)}
 	templates, err := filepath.Glob(filepath.Join(root, "templates", "*.yaml"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(templates).NotTo(BeEmpty())
