@@ -42,17 +42,18 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // The policies of the release, by name, and the ClusterRole whose holders they let through.
 var admissionPolicies = []string{
 	"guestnet-kubeconfig-secrets", "guestnet-finalizers", "guestnet-host-services", "guestnet-watch-filter", "guestnet-pause",
-	"guestnet-control-plane-endpoint",
+	"guestnet-control-plane-endpoint", "guestnet-kubevirt-namespaces",
 }
 
 const admissionExemptRole = "guestnet-admission-exempt"
 
-// The release file holds the six policies, a binding for each, and the exemption's
+// The release file holds the seven policies, a binding for each, and the exemption's
 // ClusterRole and ClusterRoleBinding, labelled for clusterctl; none of it is in the components
 // file (the admission is optional), and the exemption's role is aggregated nowhere.
 func TestAdmission_ReleaseFile(t *testing.T) {
@@ -177,6 +178,17 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 			Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
 		}
 	}
+	// A copy of the worker template whose VMs CAPK would create in namespace vmNamespace.
+	vmTemplateIn := func(vmNamespace string) *unstructured.Unstructured {
+		tmpl := &unstructured.Unstructured{}
+		tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
+		g.Expect(host.Get(ctx, client.ObjectKey{Namespace: ns, Name: gc.WorkerTemplate}, tmpl)).To(Succeed())
+		out := &unstructured.Unstructured{Object: map[string]any{"apiVersion": tmpl.GetAPIVersion(), "kind": tmpl.GetKind(), "spec": tmpl.Object["spec"]}}
+		out.SetNamespace(ns)
+		out.SetName("elsewhere")
+		g.Expect(unstructured.SetNestedField(out.Object, vmNamespace, "spec", "template", "spec", "virtualMachineTemplate", "metadata", "namespace")).To(Succeed())
+		return out
+	}
 	live := &guestnetv1.GuestIngress{}
 	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(gi), live)).To(Succeed())
 	giOwner := metav1.OwnerReference{APIVersion: guestnetv1.GroupVersion.String(), Kind: "GuestIngress", Name: gi.Name, UID: live.UID, Controller: ptr.To(true)}
@@ -230,6 +242,17 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 		{name: "control-plane-endpoint", policy: "guestnet-control-plane-endpoint",
 			message: fmt.Sprintf("may not change spec.controlPlaneEndpoint of Cluster %s/%s from 10.97.110.1:6443 to 10.0.0.1:6443", ns, gc.Name),
 			do:      patch(cluster, `{"spec":{"controlPlaneEndpoint":{"host":"10.0.0.1"}}}`)},
+		{name: "kubevirt-vm-namespace", policy: "guestnet-kubevirt-namespaces",
+			message: fmt.Sprintf("may not create KubevirtMachineTemplate %s/elsewhere naming namespace victim-ns for its VirtualMachines: CAPK would create them there, in a namespace that is not the Cluster's", ns),
+			do:      create(vmTemplateIn("victim-ns"))},
+		{name: "kubevirt-service-namespace", policy: "guestnet-kubevirt-namespaces",
+			message: fmt.Sprintf("may not create KubevirtCluster %s/elsewhere naming namespace victim-ns for its control plane Service", ns),
+			do: create(&unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": ports.KubevirtMachineTemplateGVK.GroupVersion().String(), "kind": "KubevirtCluster",
+				"metadata": map[string]any{"namespace": ns, "name": "elsewhere"},
+				"spec": map[string]any{"controlPlaneServiceTemplate": map[string]any{
+					"metadata": map[string]any{"namespace": "victim-ns"}, "spec": map[string]any{"type": "ClusterIP"}}},
+			}})},
 	}
 
 	// Without the policies, the tenant's RBAC alone allows every one of them.
@@ -259,7 +282,8 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 			"read its kubeconfig": func(ctx context.Context, c client.Client) error {
 				return c.Get(ctx, client.ObjectKeyFromObject(kubeconfig), &corev1.Secret{})
 			},
-			"label its Cluster": patch(cluster, `{"metadata":{"labels":{"example.com/team":"web"}}}`),
+			"label its Cluster":             patch(cluster, `{"metadata":{"labels":{"example.com/team":"web"}}}`),
+			"keep its VMs in its namespace": create(vmTemplateIn(ns)),
 		} {
 			g.Expect(do(ctx, tenant)).To(Succeed(), name)
 		}
@@ -451,14 +475,18 @@ func expectRefused(t *testing.T, a admissionAttempt, c client.Client) {
 	g.Expect(err.Error()).To(ContainSubstring(a.message), a.name)
 }
 
-// allowClusterWrites lets subject edit the CAPI Clusters of ns, as the tenant of
-// docs/security.md may (Kubernetes' admin role does not include CAPI's kinds).
+// allowClusterWrites lets subject edit the CAPI Clusters, KubevirtClusters and
+// KubevirtMachineTemplates of ns, as the tenant of docs/security.md may (Kubernetes' admin role
+// does not include CAPI's kinds).
 func allowClusterWrites(t *testing.T, l *lab.Lab, ns string, subject rbacv1.Subject) {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := testContext(t)
 	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cluster-writer"}, Rules: []rbacv1.PolicyRule{{
 		APIGroups: []string{clusterv1.GroupVersion.Group}, Resources: []string{"clusters"}, Verbs: []string{"get", "list", "watch", "update", "patch"},
+	}, {
+		APIGroups: []string{ports.KubevirtMachineTemplateGVK.Group}, Resources: []string{"kubevirtmachinetemplates", "kubevirtclusters"},
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"},
 	}}}
 	if err := l.Host.Client.Create(ctx, role); !apierrors.IsAlreadyExists(err) {
 		g.Expect(err).NotTo(HaveOccurred())
