@@ -167,7 +167,12 @@ func run(ctx context.Context, opts *options) error {
 	if err != nil {
 		return err
 	}
-	if err := setupReconcilers(ctx, mgr, clusterCache, opts.wiring); err != nil {
+	// Optional APIs (Cilium LB-IPAM, CAPK): a missing one disables only what needs it.
+	gates, err := manager.SetupGates(mgr)
+	if err != nil {
+		return err
+	}
+	if err := setupReconcilers(ctx, mgr, clusterCache, opts.wiring, gates); err != nil {
 		return err
 	}
 	// guestnet's gauges, computed from the manager's cache on every scrape (internal/metrics);
@@ -208,12 +213,13 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 
 // setupReconcilers registers the guestnet controllers on mgr, and the experimental ones whose
 // feature gates are enabled.
-func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o manager.Options) error {
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o manager.Options, gates manager.Gates) error {
 	if err := (&guestingress.Reconciler{
 		Client:           mgr.GetClient(),
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
+		Cilium:           gates.Cilium,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestIngress controller: %w", err)
 	}
@@ -230,6 +236,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
+		CAPK:             gates.CAPK,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.WorkerPortsConcurrency)); err != nil {
 		return fmt.Errorf("setting up worker ports controller: %w", err)
 	}
@@ -239,6 +246,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		if err := (&guestingresspolicy.Reconciler{
 			Client:           mgr.GetClient(),
 			WatchFilterValue: o.WatchFilterValue,
+			Cilium:           gates.Cilium,
 		}).SetupWithManager(ctx, mgr, manager.Concurrency(1)); err != nil {
 			return fmt.Errorf("setting up GuestIngressPolicy controller: %w", err)
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -50,6 +51,12 @@ const (
 // reconcileNormal observes the world, plans with pure functions (internal/ingress.MakePlan)
 // and applies the plan. The status is derived from the three afterwards (updateStatus).
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if !r.Cilium.Installed() {
+		// Nothing to build the chain on: CiliumLBIPAMNotInstalled, and the gate brings every
+		// GuestIngress back once Cilium is installed.
+		s.ciliumMissing = r.Cilium.Message()
+		return ctrl.Result{}, nil
+	}
 	s.err = r.observe(ctx, s)
 	if s.err == nil {
 		s.plan = ingress.MakePlan(s.observed)
@@ -661,6 +668,9 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	err := r.Client.Get(ctx, key, obj)
 	if apierrors.IsNotFound(err) && thorough {
 		err = r.APIReader.Get(ctx, key, obj)
+	}
+	if optional.IsMissing(err) {
+		return nil // a kind the host does not serve (Cilium not installed): nothing to delete
 	}
 	if err != nil {
 		return client.IgnoreNotFound(err)
