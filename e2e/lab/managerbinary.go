@@ -129,6 +129,16 @@ func (l *Lab) RunManagerBinary(ctx context.Context, name string, f ManagerFlags)
 	return m, nil
 }
 
+// Exited reports whether the manager's process has ended (by itself or by Stop).
+func (m *ManagerBinary) Exited() bool {
+	select {
+	case <-m.proc.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stop terminates the manager, politely first.
 func (m *ManagerBinary) Stop() { m.proc.stop() }
 
