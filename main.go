@@ -34,6 +34,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
@@ -106,6 +107,9 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.wiring.TopologyVariablesConcurrency, "topology-variables-concurrency", 10,
 		"Number of Clusters whose guestnet topology variable is reconciled simultaneously (feature gate ClusterTopologyVariables).")
 
+	fs.IntVar(&guestbounds.Default.MaxObjects, "guest-max-objects", guestbounds.DefaultMaxObjects,
+		"The most Services, and the most of each webhook configuration kind and APIServices, guestnet caches of one guest cluster. "+
+			"A guest that holds more is not cached, and its GuestIngresses and GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge. Negative: no cap.")
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
 		"Number of clusters the ClusterCache connects to and health-checks simultaneously.")
 	fs.Float32Var(&o.wiring.ClusterCacheClientQPS, "clustercache-client-qps", 20,

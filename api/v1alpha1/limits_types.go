@@ -9,4 +9,10 @@ const (
 	// the CRDs again every 30 s and builds the chain once they are installed, without a
 	// restart. GuestWebhookBridges do not need Cilium and keep working.
 	CiliumLBIPAMNotInstalledReason = "CiliumLBIPAMNotInstalled"
+	// GuestTooLargeReason (ClusterAvailable and Ready of GuestIngress and GuestWebhookBridge):
+	// the guest holds more Services, webhook configurations or APIServices than guestnet
+	// caches per guest cluster (the manager's --guest-max-objects, 5000 by default). guestnet
+	// caches nothing of that guest and changes nothing for its objects; it counts again every
+	// minute. Other guests are not affected.
+	GuestTooLargeReason = "GuestTooLarge"
 )

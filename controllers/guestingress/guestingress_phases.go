@@ -24,6 +24,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
@@ -62,6 +63,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		s.plan = ingress.MakePlan(s.observed)
 		s.err = r.apply(ctx, s)
 	}
+	if s.err == nil && clusterscope.IsGuestTooLarge(s.guestErr) {
+		// No event says that the guest shrank: count again.
+		return ctrl.Result{RequeueAfter: guestbounds.DefaultCheckEvery}, nil
+	}
 	return ctrl.Result{}, s.err
 }
 
@@ -75,7 +80,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
 	if s.cluster != nil && s.cluster.DeletionTimestamp.IsZero() {
 		s.guestClient, s.guestErr = clusterscope.GuestClient(ctx, r.ClusterCache, s.cluster)
-		if s.guestErr != nil && !errors.Is(s.guestErr, clustercache.ErrClusterNotConnected) {
+		if s.guestErr != nil && !errors.Is(s.guestErr, clustercache.ErrClusterNotConnected) && !clusterscope.IsGuestTooLarge(s.guestErr) {
 			return s.guestErr
 		}
 	}

@@ -34,6 +34,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -102,6 +103,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		}
 		gwb.Status.Targets, gwb.Status.BridgedTargets, gwb.Status.TotalTargets = nil, 0, 0
 		return ctrl.Result{}, kerrors.NewAggregate([]error{err, r.deleteHostServices(ctx, s, nil, r.Client)})
+	}
+	if err == nil && guestClient == nil && conditions.GetReason(gwb, guestnetv1.ClusterAvailableCondition) == guestnetv1.GuestTooLargeReason {
+		// Too large to cache (internal/guestbounds): no event says that it shrank, count again.
+		return ctrl.Result{RequeueAfter: guestbounds.DefaultCheckEvery}, nil
 	}
 	if err != nil || guestClient == nil {
 		// Not reachable yet: the Cluster watch or the ClusterCache connect event brings us back.
