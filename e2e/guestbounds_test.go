@@ -22,7 +22,7 @@ import (
 // A guest that holds more Services than the manager's --guest-max-objects is not served: its
 // bridge says GuestTooLarge, what to delete and the cap, and changes nothing; once the guest
 // is back under the cap, the same manager bridges again. (The shipped binary, with the cap set
-// just above what the shared lab's guest holds.)
+// just above what the shared lab's guest holds, as a ServiceAccount with the generated RBAC.)
 func TestGuestBounds_AGuestPastTheCapIsRefusedUntilItShrinks(t *testing.T) {
 	g := NewWithT(t)
 	l := startLab(t)
@@ -50,7 +50,8 @@ func TestGuestBounds_AGuestPastTheCapIsRefusedUntilItShrinks(t *testing.T) {
 	for _, gvk := range guestbounds.Kinds[1:] {
 		limit = max(limit, count(gvk)+1)
 	}
-	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns, Args: []string{fmt.Sprintf("--guest-max-objects=%d", limit)}})
+	// The shipped binary as a ServiceAccount with the generated RBAC.
+	runManagerAsServiceAccount(t, l, ns, lab.ManagerFlags{Namespace: ns, Args: []string{fmt.Sprintf("--guest-max-objects=%d", limit)}})
 
 	gwb := &guestnetv1.GuestWebhookBridge{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bridge"},
