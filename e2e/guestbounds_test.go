@@ -97,7 +97,7 @@ func TestGuestBounds_AGuestPastTheCapIsRefusedUntilItShrinks(t *testing.T) {
 		g.Eventually(func() string {
 			c = conditions.Get(get(), guestnetv1.ClusterAvailableCondition)
 			return c.Reason
-		}).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Equal(guestnetv1.GuestTooLargeReason))
+		}).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Equal(guestnetv1.GuestTooLargeReason))
 		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 		g.Expect(c.Message).To(And(ContainSubstring("more than %d Services", limit), ContainSubstring("delete Services in the guest"),
 			ContainSubstring("--guest-max-objects")))

@@ -187,7 +187,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // reported CiliumLBIPAMNotInstalled build their chain then).
 func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func(context.Context) error {
 	installedLater := !r.Cilium.Installed()
-	return func(ctx context.Context) error {
+	return func(context.Context) error {
 		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewPool()),
 			handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses))); err != nil {
 			return err

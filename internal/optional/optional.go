@@ -80,7 +80,7 @@ func (g *Gate) lookup() error {
 	return nil
 }
 
-// Kinds names the kinds of the API ("CiliumLoadBalancerIPPool (cilium.io/v2)").
+// kinds names the kinds of the API ("CiliumLoadBalancerIPPool (cilium.io/v2)").
 func (a API) kinds() string {
 	names := make([]string, len(a.Kinds))
 	for i, gvk := range a.Kinds {
