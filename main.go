@@ -110,6 +110,8 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&guestbounds.Default.MaxObjects, "guest-max-objects", guestbounds.DefaultMaxObjects,
 		"The most Services, and the most of each webhook configuration kind and APIServices, guestnet caches of one guest cluster. "+
 			"A guest that holds more is not cached, and its GuestIngresses and GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge. Negative: no cap.")
+	fs.DurationVar(&guestbounds.Default.RecheckEvery, "guest-recount-period", guestbounds.DefaultRecheckEvery,
+		"How often guestnet counts again the objects of a guest cluster that was within --guest-max-objects (a guest over it is counted every minute).")
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
 		"Number of clusters the ClusterCache connects to and health-checks simultaneously.")
 	fs.Float32Var(&o.wiring.ClusterCacheClientQPS, "clustercache-client-qps", 20,

@@ -51,7 +51,9 @@ func TestGuestBounds_AGuestPastTheCapIsRefusedUntilItShrinks(t *testing.T) {
 		limit = max(limit, count(gvk)+1)
 	}
 	// The shipped binary as a ServiceAccount with the generated RBAC.
-	runManagerAsServiceAccount(t, l, ns, lab.ManagerFlags{Namespace: ns, Args: []string{fmt.Sprintf("--guest-max-objects=%d", limit)}})
+	runManagerAsServiceAccount(t, l, ns, lab.ManagerFlags{Namespace: ns, Args: []string{
+		fmt.Sprintf("--guest-max-objects=%d", limit), "--guest-recount-period=" + guestbounds.DefaultCheckEvery.String(),
+	}})
 
 	gwb := &guestnetv1.GuestWebhookBridge{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bridge"},

@@ -6,10 +6,12 @@
 // counted with one metadata-only list request per kind (limit 1: the apiserver says how many
 // are left); a guest with more than the cap of any kind gets no client: its GuestIngresses and
 // GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge, and guestnet
-// starts no informer for it. The count is kept for CheckEvery. docs/decisions/0009-bounded-guests.md.
+// starts no informer for it. The count of a guest over the cap is kept a minute (CheckEvery), that
+// of one within it ten minutes (RecheckEvery). docs/decisions/0009-bounded-guests.md.
 package guestbounds
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -26,8 +28,15 @@ import (
 // DefaultMaxObjects is the default cap per kind and guest.
 const DefaultMaxObjects = 5000
 
-// DefaultCheckEvery is how long a guest's count is kept before it is taken again.
+// DefaultCheckEvery is how long the count of a guest over the cap is kept before it is taken
+// again: how soon a guest that shrank is served again.
 const DefaultCheckEvery = time.Minute
+
+// DefaultRecheckEvery is how long the count of a guest within the cap is kept: how soon a
+// guest that grew past it is noticed. Longer than DefaultCheckEvery: such a guest is cached
+// already (what its informers hold stays until the manager restarts), and a steady state
+// makes no requests but these.
+const DefaultRecheckEvery = 10 * time.Minute
 
 // pageSize is the page of the count's fallback (an apiserver that does not say how many
 // items are left): metadata only, so a page is at most pageSize objects' metadata.
@@ -60,8 +69,10 @@ func (e *TooLargeError) Error() string {
 type Bounds struct {
 	// MaxObjects is the cap per kind; DefaultMaxObjects when zero, none when negative.
 	MaxObjects int
-	// CheckEvery is how long a count is kept; DefaultCheckEvery when zero.
-	CheckEvery time.Duration
+	// CheckEvery is how long the count of a guest over the cap is kept; DefaultCheckEvery
+	// when zero. RecheckEvery is that of a guest within it; DefaultRecheckEvery when zero.
+	CheckEvery   time.Duration
+	RecheckEvery time.Duration
 
 	mu     sync.Mutex
 	counts map[client.ObjectKey]count
@@ -93,11 +104,7 @@ func (b *Bounds) Check(ctx context.Context, cluster client.ObjectKey, guest clie
 	if b.now == nil {
 		b.now = time.Now
 	}
-	every := b.CheckEvery
-	if every == 0 {
-		every = DefaultCheckEvery
-	}
-	if c, ok := b.counts[cluster]; ok && b.now().Sub(c.at) < every {
+	if c, ok := b.counts[cluster]; ok && b.now().Sub(c.at) < b.keep(c.err) {
 		b.mu.Unlock()
 		return c.err
 	}
@@ -114,6 +121,14 @@ func (b *Bounds) Check(ctx context.Context, cluster client.ObjectKey, guest clie
 	}
 	b.counts[cluster] = count{err: err, at: b.now()}
 	return err
+}
+
+// keep is how long a count that ended with err is kept.
+func (b *Bounds) keep(err error) time.Duration {
+	if err != nil {
+		return cmp.Or(b.CheckEvery, DefaultCheckEvery)
+	}
+	return cmp.Or(b.RecheckEvery, DefaultRecheckEvery)
 }
 
 // Forget drops what is known of cluster (its Cluster is gone).

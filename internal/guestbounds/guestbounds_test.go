@@ -71,6 +71,13 @@ func TestCheck(t *testing.T) {
 			large.n["ServiceList"] = 10
 			now = now.Add(DefaultCheckEvery)
 			g.Expect(b.Check(ctx, other, large)).To(gm.Succeed(), "a guest that shrank is cached again")
+
+			// Within the cap, the count is kept longer.
+			large.n["ServiceList"] = 20000
+			now = now.Add(DefaultCheckEvery)
+			g.Expect(b.Check(ctx, other, large)).To(gm.Succeed(), "a count within the cap is kept %s", DefaultRecheckEvery)
+			now = now.Add(DefaultRecheckEvery)
+			g.Expect(b.Check(ctx, other, large)).To(gm.HaveOccurred(), "then taken again")
 		})
 	}
 }
