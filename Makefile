@@ -162,11 +162,15 @@ test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integr
 BENCH_N            ?= 10 100
 BENCH_BRIDGE_EVERY ?= 5
 BENCH_OUT          ?= out/bench
+# TestBenchLargeGuest: one guest holding this many Services (docs/performance.md, "A large guest");
+# BENCH_BASELINE_BIN, when set, is measured too (e.g. an older manager binary).
+BENCH_GUEST_SERVICES ?= 20000
 
 .PHONY: bench
 bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for fleets of BENCH_N guest clusters (out/bench/).
 	@$(call build_step,manager (as a release builds it),CGO_ENABLED=0 go build $(MANAGER_GOFLAGS) -ldflags "$(MANAGER_LDFLAGS)" -o bin/manager .)
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) BENCH_N="$(BENCH_N)" BENCH_BRIDGE_EVERY=$(BENCH_BRIDGE_EVERY) \
+		BENCH_GUEST_SERVICES=$(BENCH_GUEST_SERVICES) BENCH_BASELINE_BIN=$(BENCH_BASELINE_BIN) \
 		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 120m -run TestBench -v ./e2e/bench/
 
 # Where `make generate` writes; verify-generate points these at a scratch directory.

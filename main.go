@@ -34,6 +34,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
@@ -106,6 +107,11 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.wiring.TopologyVariablesConcurrency, "topology-variables-concurrency", 10,
 		"Number of Clusters whose guestnet topology variable is reconciled simultaneously (feature gate ClusterTopologyVariables).")
 
+	fs.IntVar(&guestbounds.Default.MaxObjects, "guest-max-objects", guestbounds.DefaultMaxObjects,
+		"The most Services, and the most of each webhook configuration kind and APIServices, guestnet caches of one guest cluster. "+
+			"A guest that holds more is not cached, and its GuestIngresses and GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge. Negative: no cap.")
+	fs.DurationVar(&guestbounds.Default.RecheckEvery, "guest-recount-period", guestbounds.DefaultRecheckEvery,
+		"How often guestnet counts again the objects of a guest cluster that was within --guest-max-objects (a guest over it is counted every minute).")
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
 		"Number of clusters the ClusterCache connects to and health-checks simultaneously.")
 	fs.Float32Var(&o.wiring.ClusterCacheClientQPS, "clustercache-client-qps", 20,
@@ -167,7 +173,12 @@ func run(ctx context.Context, opts *options) error {
 	if err != nil {
 		return err
 	}
-	if err := setupReconcilers(ctx, mgr, clusterCache, opts.wiring); err != nil {
+	// Optional APIs (Cilium LB-IPAM, CAPK): a missing one disables only what needs it.
+	gates, err := manager.SetupGates(mgr)
+	if err != nil {
+		return err
+	}
+	if err := setupReconcilers(ctx, mgr, clusterCache, opts.wiring, gates); err != nil {
 		return err
 	}
 	// guestnet's gauges, computed from the manager's cache on every scrape (internal/metrics);
@@ -208,12 +219,13 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 
 // setupReconcilers registers the guestnet controllers on mgr, and the experimental ones whose
 // feature gates are enabled.
-func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o manager.Options) error {
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o manager.Options, gates manager.Gates) error {
 	if err := (&guestingress.Reconciler{
 		Client:           mgr.GetClient(),
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
+		Cilium:           gates.Cilium,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestIngress controller: %w", err)
 	}
@@ -230,6 +242,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
+		CAPK:             gates.CAPK,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.WorkerPortsConcurrency)); err != nil {
 		return fmt.Errorf("setting up worker ports controller: %w", err)
 	}
@@ -239,6 +252,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		if err := (&guestingresspolicy.Reconciler{
 			Client:           mgr.GetClient(),
 			WatchFilterValue: o.WatchFilterValue,
+			Cilium:           gates.Cilium,
 		}).SetupWithManager(ctx, mgr, manager.Concurrency(1)); err != nil {
 			return fmt.Errorf("setting up GuestIngressPolicy controller: %w", err)
 		}

@@ -164,6 +164,7 @@ func TestClusterctlGenerateProvider(t *testing.T) {
 		"--guestingress-concurrency=10",
 		"--guestwebhookbridge-concurrency=10",
 		"--workerports-concurrency=10",
+		"--guest-max-objects=5000",
 		"--v=0",
 	))
 	g.Expect(args(cc.run([]string{"EXP_CLUSTER_TOPOLOGY_VARIABLES=true", "GUESTNET_LOGLEVEL=4", "GUESTNET_GUESTINGRESS_CONCURRENCY=3"},

@@ -13,12 +13,15 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -27,6 +30,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
@@ -57,6 +61,12 @@ type Reconciler struct {
 	// WatchFilterValue, when set, limits the controller to objects (and Clusters) labelled
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
+
+	// Cilium says whether the host serves Cilium's LB-IPAM pools and L2 policies: until it
+	// does, GuestIngresses report CiliumLBIPAMNotInstalled and nothing is created for them,
+	// and the pool and policy watches start once it does (internal/optional). Taken to be
+	// installed when nil.
+	Cilium *optional.Gate
 
 	// Admit decides what a GuestIngress may claim on the host; policy.Admit when nil (tests
 	// put their own decision in).
@@ -92,6 +102,9 @@ type scope struct {
 	waitingForGuest bool
 	// err is the error reconcileNormal ended with, if any.
 	err error
+	// ciliumMissing says that the host serves no Cilium LB-IPAM (the gate's message): the
+	// reconcile did nothing.
+	ciliumMissing string
 }
 
 // SetupWithManager registers the controller. Besides GuestIngress itself it watches Clusters
@@ -140,10 +153,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		// The host objects: the Service (its IP arrives in its status), its EndpointSlices
 		// (workers come and go), the pool (Cilium's PoolConflict) and the L2 policy (repaired
 		// when changed or deleted by someone else). A poolRef pool that appears ends PoolNotFound.
+		// (The pool and the L2 policy are watched once Cilium is installed: watchCilium.)
 		Owns(&corev1.Service{}).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToGuestIngress)).
-		Watches(ingress.NewPool(), handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses)).
-		Watches(ingress.NewL2Policy(), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress)).
 		// Whether a poolRef GuestIngress holds its IP is read from its host Service: the
 		// GuestIngresses whose claims collide are decided again when it changes or goes.
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.hostServiceToCollidingGuestIngresses)).
@@ -167,7 +179,33 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	r.controller = c
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
-	return nil
+	return r.Cilium.WhenInstalled(ctx, r.watchCilium(mgr, c))
+}
+
+// watchCilium adds the watches of Cilium's pools and L2 policies to c: at setup when Cilium
+// is installed, else once it is, together with a reconcile of every GuestIngress (those that
+// reported CiliumLBIPAMNotInstalled build their chain then).
+func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func(context.Context) error {
+	installedLater := !r.Cilium.Installed()
+	return func(context.Context) error {
+		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewPool()),
+			handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses))); err != nil {
+			return err
+		}
+		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewL2Policy()),
+			handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress))); err != nil {
+			return err
+		}
+		if !installedLater {
+			return nil
+		}
+		return c.Watch(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+			for _, req := range r.allGuestIngresses(ctx, nil) {
+				q.Add(req)
+			}
+			return nil
+		}))
+	}
 }
 
 // Own objects: read them, write status, hold the finalizer until the host objects are gone.

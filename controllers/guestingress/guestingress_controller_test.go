@@ -82,7 +82,12 @@ func TestDocsNameEveryGuestIngressReason(t *testing.T) {
 	if !found {
 		t.Fatal("guestingresspolicy_types.go no longer has the comment that ends the Admitted reasons")
 	}
-	reasons := regexp.MustCompile(`(?m)^\s+\w+Reason\s+=\s+"(\w+)"`).FindAllStringSubmatch(string(src)+admitted, -1)
+	// And the reasons of the optional APIs and bounds (CiliumLBIPAMNotInstalled, GuestTooLarge).
+	limits, err := os.ReadFile("../../api/v1alpha1/limits_types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := regexp.MustCompile(`(?m)^\s+\w+Reason\s+=\s+"(\w+)"`).FindAllStringSubmatch(string(src)+admitted+string(limits), -1)
 	if len(reasons) < 15 {
 		t.Fatalf("found only %d reasons: the pattern no longer matches the API", len(reasons))
 	}

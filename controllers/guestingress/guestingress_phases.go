@@ -24,9 +24,11 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -50,10 +52,20 @@ const (
 // reconcileNormal observes the world, plans with pure functions (internal/ingress.MakePlan)
 // and applies the plan. The status is derived from the three afterwards (updateStatus).
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if !r.Cilium.Installed() {
+		// Nothing to build the chain on: CiliumLBIPAMNotInstalled, and the gate brings every
+		// GuestIngress back once Cilium is installed.
+		s.ciliumMissing = r.Cilium.Message()
+		return ctrl.Result{}, nil
+	}
 	s.err = r.observe(ctx, s)
 	if s.err == nil {
 		s.plan = ingress.MakePlan(s.observed)
 		s.err = r.apply(ctx, s)
+	}
+	if s.err == nil && clusterscope.IsGuestTooLarge(s.guestErr) {
+		// No event says that the guest shrank: count again.
+		return ctrl.Result{RequeueAfter: guestbounds.DefaultCheckEvery}, nil
 	}
 	return ctrl.Result{}, s.err
 }
@@ -68,7 +80,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
 	if s.cluster != nil && s.cluster.DeletionTimestamp.IsZero() {
 		s.guestClient, s.guestErr = clusterscope.GuestClient(ctx, r.ClusterCache, s.cluster)
-		if s.guestErr != nil && !errors.Is(s.guestErr, clustercache.ErrClusterNotConnected) {
+		if s.guestErr != nil && !errors.Is(s.guestErr, clustercache.ErrClusterNotConnected) && !clusterscope.IsGuestTooLarge(s.guestErr) {
 			return s.guestErr
 		}
 	}
@@ -661,6 +673,9 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	err := r.Client.Get(ctx, key, obj)
 	if apierrors.IsNotFound(err) && thorough {
 		err = r.APIReader.Get(ctx, key, obj)
+	}
+	if optional.IsMissing(err) {
+		return nil // a kind the host does not serve (Cilium not installed): nothing to delete
 	}
 	if err != nil {
 		return client.IgnoreNotFound(err)

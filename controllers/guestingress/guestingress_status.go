@@ -29,6 +29,10 @@ func updateStatus(s *scope) {
 		status.SetDeletingCondition(gi, deletingMessage(s))
 		return
 	}
+	if s.ciliumMissing != "" {
+		setCiliumMissingCondition(gi, s.ciliumMissing)
+		return
+	}
 	if s.observed != nil || s.err != nil {
 		// (A reconcile that only stored the finalizer observed nothing: the next one reports.)
 		clusterscope.SetClusterAvailableCondition(gi, s.cluster, s.guestErr)
@@ -61,4 +65,15 @@ func deletingMessage(s *scope) string {
 		"(ClusterAvailable says why it cannot be reached). To give up on the guest, annotate this GuestIngress with %s=true: guestnet then "+
 		"releases it and records in an event what it left in the guest", gi.Spec.ClusterName, gi.Spec.GuestService.Namespace, gi.Spec.GuestService.Name,
 		guestnetv1.SkipGuestCleanupAnnotation)
+}
+
+// setCiliumMissingCondition reports that the host serves no Cilium LB-IPAM (message, from
+// the gate): LoadBalancerReady and Ready are False with CiliumLBIPAMNotInstalled. The other
+// conditions stay as the last reconcile that could observe left them.
+func setCiliumMissingCondition(gi *guestnetv1.GuestIngress, message string) {
+	conditions.Set(gi, metav1.Condition{
+		Type: guestnetv1.LoadBalancerReadyCondition, Status: metav1.ConditionFalse, Reason: guestnetv1.CiliumLBIPAMNotInstalledReason,
+		Message: status.Bound(message+". Nothing is created on the host for this GuestIngress until then", ingress.MaxMessage),
+	})
+	status.SetReadyCondition(gi, guestnetv1.LoadBalancerReadyCondition)
 }

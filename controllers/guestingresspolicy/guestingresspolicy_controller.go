@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/patch"
@@ -31,6 +32,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 )
@@ -45,6 +47,10 @@ type Reconciler struct {
 	// WatchFilterValue, when set, limits the controller to policies (and counts only
 	// GuestIngresses) labelled cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
+
+	// Cilium says whether the host serves Cilium's pools; they are watched once it does
+	// (internal/optional). Taken to be installed when nil.
+	Cilium *optional.Gate
 
 	recorder events.EventRecorder
 }
@@ -68,19 +74,22 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	filter := predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)
 	allPolicies := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
-	err := ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
 		For(&guestnetv1.GuestIngressPolicy{}, builder.WithPredicates(filter)).
 		Watches(&corev1.Namespace{}, allPolicies, builder.WithPredicates(labelsChanged())).
 		Watches(&guestnetv1.GuestIngress{}, allPolicies, builder.WithPredicates(filter)).
-		Watches(ingress.NewPool(), allPolicies).
 		WithOptions(options).
-		Complete(r)
+		Build(r)
 	if err != nil {
 		return err
 	}
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
-	return nil
+	// Pools: once Cilium is installed (its pool watch lists them all then, which enqueues
+	// every policy when there is any pool).
+	return r.Cilium.WhenInstalled(ctx, func(context.Context) error {
+		return c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewPool()), allPolicies))
+	})
 }
 
 // labelsChanged passes creations, deletions and label changes (what namespace selectors see).

@@ -34,6 +34,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -102,6 +103,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		}
 		gwb.Status.Targets, gwb.Status.BridgedTargets, gwb.Status.TotalTargets = nil, 0, 0
 		return ctrl.Result{}, kerrors.NewAggregate([]error{err, r.deleteHostServices(ctx, s, nil, r.Client)})
+	}
+	if err == nil && guestClient == nil && conditions.GetReason(gwb, guestnetv1.ClusterAvailableCondition) == guestnetv1.GuestTooLargeReason {
+		// Too large to cache (internal/guestbounds): no event says that it shrank, count again.
+		return ctrl.Result{RequeueAfter: guestbounds.DefaultCheckEvery}, nil
 	}
 	if err != nil || guestClient == nil {
 		// Not reachable yet: the Cluster watch or the ClusterCache connect event brings us back.
@@ -245,13 +250,24 @@ func (r *Reconciler) planInput(ctx context.Context, s *scope, obs bridge.Observe
 			others = append(others, id)
 		}
 	}
+	liveReads := 0
 	for _, id := range others {
 		if _, known := in.Claimants[id]; known {
 			continue
 		}
-		exists, err := r.bridgeExists(ctx, id)
+		if liveReads >= maxClaimantReads {
+			// The guest names more bridges than the cache knows: each costs a host read per
+			// reconcile, and the guest chooses them. Past the budget, a bridge counts as
+			// existing, which takes over nothing and deletes nothing.
+			in.Claimants[id] = true
+			continue
+		}
+		exists, live, err := r.bridgeExists(ctx, id)
 		if err != nil {
 			return in, err
+		}
+		if live {
+			liveReads++
 		}
 		in.Claimants[id] = exists
 	}
@@ -268,26 +284,33 @@ func (r *Reconciler) planInput(ctx context.Context, s *scope, obs bridge.Observe
 // bridgeExists reports whether the GuestWebhookBridge id ("<namespace>/<name>") exists: from
 // the cache, and from the apiserver before saying no (a bridge the cache has not seen yet
 // must not lose its targets).
-func (r *Reconciler) bridgeExists(ctx context.Context, id string) (bool, error) {
+//
+// live says whether it asked the apiserver. The IDs come from the guest: planInput reads at
+// most maxClaimantReads of them live per reconcile.
+func (r *Reconciler) bridgeExists(ctx context.Context, id string) (exists, live bool, err error) {
 	ns, name, ok := strings.Cut(id, "/")
 	if !ok {
-		return false, nil // not a bridge's name: a record nobody can claim
+		return false, false, nil // not a bridge's name: a record nobody can claim
 	}
 	key := client.ObjectKey{Namespace: ns, Name: name}
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(guestnetv1.GroupVersion.WithKind("GuestWebhookBridge"))
 	if err := r.Client.Get(ctx, key, &guestnetv1.GuestWebhookBridge{}); err == nil {
-		return true, nil
+		return true, false, nil
 	}
 	switch err := r.APIReader.Get(ctx, key, obj); {
 	case err == nil:
-		return true, nil
+		return true, true, nil
 	case apierrors.IsNotFound(err):
-		return false, nil
+		return false, true, nil
 	default:
-		return false, fmt.Errorf("reading GuestWebhookBridge %s, named by a record in the guest: %w", id, err)
+		return false, true, fmt.Errorf("reading GuestWebhookBridge %s, named by a record in the guest: %w", id, err)
 	}
 }
+
+// maxClaimantReads is how many bridges a guest names that the cache does not hold are looked
+// up in the host apiserver per reconcile.
+const maxClaimantReads = 8
 
 // setInvalidSpec reports a spec that passed admission but cannot be used.
 func setInvalidSpec(gwb *guestnetv1.GuestWebhookBridge, err error) {

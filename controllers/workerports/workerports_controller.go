@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -45,6 +46,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 )
@@ -71,6 +73,10 @@ type Reconciler struct {
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
 
+	// CAPK says whether the host serves KubevirtMachineTemplates; they are watched once it
+	// does (internal/optional). Taken to be installed when nil.
+	CAPK *optional.Gate
+
 	recorder events.EventRecorder
 }
 
@@ -88,14 +94,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
-	err := ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
 		For(&clusterv1.Cluster{}, builder.WithPredicates(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue))).
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
 		Watches(&guestnetv1.GuestWebhookBridge{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
 		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToCluster)).
-		// Metadata only: the templates themselves are read when a Cluster is reconciled.
-		Watches(templateMetadata(), handler.EnqueueRequestsFromMapFunc(r.templateToClusters)).
 		// A deleted MachineSet may free the template it referenced. CAPI deletes the old one
 		// after the rollout, often when the MachineDeployment no longer changes.
 		Watches(machineSetMetadata(), handler.EnqueueRequestsFromMapFunc(machineSetToCluster),
@@ -108,12 +112,16 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			return []ctrl.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
 		})).
 		WithOptions(options).
-		Complete(r)
+		Build(r)
 	if err != nil {
 		return err
 	}
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
-	return nil
+	// The templates, once CAPK is installed (metadata only: the templates themselves are read
+	// when a Cluster is reconciled). Without CAPK no MachineDeployment can use one.
+	return r.CAPK.WhenInstalled(ctx, func(context.Context) error {
+		return c.Watch(source.Kind(mgr.GetCache(), client.Object(templateMetadata()), handler.EnqueueRequestsFromMapFunc(r.templateToClusters)))
+	})
 }
 
 // Worker templates are read, and copies that declare the ports are created; generated

@@ -280,19 +280,7 @@ func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
 // startManager starts the real binary, as deployed but bound to loopback, with a short
 // resync and its pprof endpoint, logging to logPath.
 func startManager(t *testing.T, bin string, l *lab.Lab, logPath string) *exec.Cmd {
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = logFile.Close() })
-	cmd := exec.Command(bin, "--kubeconfig="+l.Host.KubeconfigPath, "--sync-period="+resync.String(),
-		"--health-addr=127.0.0.1:9440", "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics",
-		"--profiler-address="+profilerAddress)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-	return cmd
+	return startManagerWith(t, bin, l, logPath)
 }
 
 // settle returns the requests until the manager has not written for `quiet`.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,6 +67,8 @@ type Lab struct {
 	conversionOnce sync.Once
 	conversionErr  error
 	conversionURL  string
+	// withoutCRDs are the third-party CRD directories not installed (Options.WithoutCRDs).
+	withoutCRDs []string
 }
 
 // Cluster is one control plane of the lab with a client for it.
@@ -90,6 +93,10 @@ type Options struct {
 	// through a konnectivity server next to it, which agents in the worker VMs
 	// (StartKonnectivityAgent) connect to. Without it the guest apiserver dials directly.
 	Konnectivity bool
+	// WithoutCRDs names the third-party CRD directories of GUESTNET_LAB_CRDS ("cilium",
+	// "capk") the host starts without, as a host cluster that lacks that provider;
+	// InstallThirdPartyCRDs installs one later.
+	WithoutCRDs []string
 }
 
 // Start starts the host and guest control planes in parallel, installs the CRDs in the
@@ -108,7 +115,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 			return nil, err
 		}
 	}
-	l := &Lab{Assets: assets, Dir: opts.Dir}
+	l := &Lab{Assets: assets, Dir: opts.Dir, withoutCRDs: opts.WithoutCRDs}
 	defer func() {
 		if err != nil {
 			l.Stop()
@@ -236,12 +243,29 @@ func (l *Lab) hostCRDDirs() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []string{
-		filepath.Join(l.Assets.CRDDir, "capi"),
-		filepath.Join(l.Assets.CRDDir, "capk"),
-		filepath.Join(l.Assets.CRDDir, "cilium"),
-		filepath.Join(root, "config", "crd", "bases"),
-	}, nil
+	var dirs []string
+	for _, d := range []string{"capi", "capk", "cilium"} {
+		if !slices.Contains(l.withoutCRDs, d) {
+			dirs = append(dirs, filepath.Join(l.Assets.CRDDir, d))
+		}
+	}
+	return append(dirs, filepath.Join(root, "config", "crd", "bases")), nil
+}
+
+// InstallThirdPartyCRDs installs, in the host, the CRDs of one directory of GUESTNET_LAB_CRDS
+// ("cilium", "capk") that the lab started without (Options.WithoutCRDs), and waits until
+// they are served.
+func (l *Lab) InstallThirdPartyCRDs(dir string) error {
+	_, err := envtest.InstallCRDs(l.Host.Config, envtest.CRDInstallOptions{
+		Paths:              []string{filepath.Join(l.Assets.CRDDir, dir)},
+		ErrorIfPathMissing: true,
+		MaxTime:            time.Minute,
+		PollInterval:       100 * time.Millisecond,
+	})
+	if err != nil {
+		return fmt.Errorf("installing the %s CRDs in the host: %w", dir, err)
+	}
+	return nil
 }
 
 func (l *Lab) installHostCRDs() error {

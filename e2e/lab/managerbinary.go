@@ -37,6 +37,8 @@ type ManagerFlags struct {
 	// As is who the manager is towards the host apiserver (e.g. a ServiceAccount bound to
 	// the generated RBAC); the lab's admin when nil.
 	As *rest.Config
+	// Args are further flags, e.g. "--guest-max-objects=40".
+	Args []string
 }
 
 // ManagerBinary is guestnet's manager binary running as its own process in the lab.
@@ -113,6 +115,7 @@ func (l *Lab) RunManagerBinary(ctx context.Context, name string, f ManagerFlags)
 	if f.FeatureGates != "" {
 		args = append(args, "--feature-gates="+f.FeatureGates)
 	}
+	args = append(args, f.Args...)
 	p, err := startProcess(l.Dir, name, bin, args...)
 	if err != nil {
 		return nil, err
@@ -127,6 +130,16 @@ func (l *Lab) RunManagerBinary(ctx context.Context, name string, f ManagerFlags)
 		return nil, err
 	}
 	return m, nil
+}
+
+// Exited reports whether the manager's process has ended (by itself or by Stop).
+func (m *ManagerBinary) Exited() bool {
+	select {
+	case <-m.proc.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Stop terminates the manager, politely first.

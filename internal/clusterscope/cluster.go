@@ -15,6 +15,8 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 )
 
 // Object is a guestnet object that carries conditions: a GuestIngress or a GuestWebhookBridge.
@@ -47,7 +49,7 @@ func Connect(ctx context.Context, cc clustercache.ClusterCache, obj Object, clus
 	guestClient, guestErr := GuestClient(ctx, cc, cluster)
 	SetClusterAvailableCondition(obj, cluster, guestErr)
 
-	if guestErr != nil && !errors.Is(guestErr, clustercache.ErrClusterNotConnected) {
+	if guestErr != nil && !errors.Is(guestErr, clustercache.ErrClusterNotConnected) && !IsGuestTooLarge(guestErr) {
 		return nil, guestErr
 	}
 	return guestClient, nil
@@ -57,11 +59,34 @@ func Connect(ctx context.Context, cc clustercache.ClusterCache, obj Object, clus
 // and the ClusterCache holds a connection to its apiserver; guestErr is the ClusterCache's
 // error (clustercache.ErrClusterNotConnected while it is not connected), for
 // SetClusterAvailableCondition. Both are nil before the Cluster is provisioned.
+//
+// A guest that holds more objects of a kind guestnet caches than guestbounds.Default admits
+// gets no client (a *guestbounds.TooLargeError, IsGuestTooLarge): the client's cache would
+// hold them all in the manager every tenant shares.
 func GuestClient(ctx context.Context, cc clustercache.ClusterCache, cluster *clusterv1.Cluster) (guestClient client.Client, guestErr error) {
 	if !IsProvisioned(cluster) {
 		return nil, nil
 	}
-	return cc.GetClient(ctx, client.ObjectKeyFromObject(cluster))
+	key := client.ObjectKeyFromObject(cluster)
+	guestClient, err := cc.GetClient(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	uncached, err := cc.GetUncachedClient(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := guestbounds.Default.Check(ctx, key, uncached); err != nil {
+		return nil, err
+	}
+	return guestClient, nil
+}
+
+// IsGuestTooLarge reports whether err says that the guest holds more objects than guestnet
+// caches (guestbounds); the bounds count again after guestbounds.DefaultCheckEvery.
+func IsGuestTooLarge(err error) bool {
+	var tooLarge *guestbounds.TooLargeError
+	return errors.As(err, &tooLarge)
 }
 
 // GuestGone reports whether the guest of a Cluster is gone for good, so that nothing in it

@@ -74,6 +74,9 @@ func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestE
 		condition.Reason = guestnetv1.ClusterNotProvisionedReason
 		condition.Message = fmt.Sprintf("Waiting for Cluster %s to be provisioned (status.initialization.infrastructureProvisioned "+
 			"is not true); if it stays so, check the Cluster's conditions", cluster.Name)
+	case IsGuestTooLarge(guestErr):
+		condition.Reason = guestnetv1.GuestTooLargeReason
+		condition.Message = fmt.Sprintf("The guest of Cluster %s is not cached: %v", cluster.Name, guestErr)
 	case guestErr != nil:
 		condition.Reason = guestnetv1.GuestUnreachableReason
 		condition.Message = fmt.Sprintf("Cannot reach the apiserver of Cluster %s through the Secret %s-kubeconfig: %v. "+

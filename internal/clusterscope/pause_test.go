@@ -2,6 +2,7 @@ package clusterscope
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 )
 
 func newGuestIngress() *guestnetv1.GuestIngress {
@@ -166,6 +168,12 @@ func TestSetClusterAvailableCondition(t *testing.T) {
 			name: "guest apiserver unreachable", cluster: newCluster(provisioned), guestErr: errors.New("connection refused"),
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.GuestUnreachableReason,
 			wantMessage: []string{"Secret guest-kubeconfig", "connection refused"},
+		},
+		{
+			name: "guest too large to cache", cluster: newCluster(provisioned),
+			guestErr:   fmt.Errorf("wrapped: %w", &guestbounds.TooLargeError{Kind: "Service", Count: 20000, Max: 5000}),
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.GuestTooLargeReason,
+			wantMessage: []string{"The guest of Cluster guest is not cached", "more than 5000 Services (at least 20000)", "--guest-max-objects"},
 		},
 		{
 			name: "available", cluster: newCluster(provisioned),

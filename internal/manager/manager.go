@@ -153,8 +153,10 @@ func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (cluste
 		SecretClient:     mgr.GetCache(),
 		WatchFilterValue: o.WatchFilterValue,
 		Cache: clustercache.CacheOptions{
-			// guestnet server-side applies the guest ingress controller's Service.
-			DefaultTransform: KeepOwnManagedFields,
+			// Only what guestnet reads of each guest object (managedFields: it server-side
+			// applies the guest ingress controller's Service). clusterscope.GuestClient
+			// caps how many objects of a guest are cached at all (internal/guestbounds).
+			DefaultTransform: KeepWhatGuestnetReads,
 		},
 		Client: clustercache.ClientOptions{
 			QPS:       o.ClusterCacheClientQPS,

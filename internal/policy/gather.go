@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -34,7 +35,8 @@ func Observe(ctx context.Context, reader client.Reader) (*World, error) {
 	}
 	pools := &unstructured.UnstructuredList{}
 	pools.SetGroupVersionKind(ingress.PoolGVK.GroupVersion().WithKind(ingress.PoolGVK.Kind + "List"))
-	if err := reader.List(ctx, pools, client.UnsafeDisableDeepCopy); err != nil {
+	// A host that serves no pools (Cilium not installed) has none.
+	if err := reader.List(ctx, pools, client.UnsafeDisableDeepCopy); err != nil && !meta.IsNoMatchError(err) {
 		return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
 	}
 	w := &World{

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -172,10 +173,15 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 		tmpl := &unstructured.Unstructured{}
 		tmpl.SetGroupVersionKind(KubevirtMachineTemplateGVK)
 		if err := host.Get(ctx, client.ObjectKey{Namespace: md.Namespace, Name: ref.Name}, tmpl); err != nil {
-			if !apierrors.IsNotFound(err) {
+			switch {
+			case apierrors.IsNotFound(err):
+				w.TemplateErr = fmt.Errorf("KubevirtMachineTemplate %s (MachineDeployment %s) does not exist", ref.Name, md.Name)
+			case meta.IsNoMatchError(err):
+				w.TemplateErr = fmt.Errorf("KubevirtMachineTemplate %s (MachineDeployment %s) cannot exist: the host apiserver does not serve "+
+					"KubevirtMachineTemplates (install Cluster API Provider KubeVirt)", ref.Name, md.Name)
+			default:
 				return nil, err
 			}
-			w.TemplateErr = fmt.Errorf("KubevirtMachineTemplate %s (MachineDeployment %s) does not exist", ref.Name, md.Name)
 		} else {
 			w.Template = tmpl
 			if w.Analysis, err = Analyze(tmpl, required); err != nil {

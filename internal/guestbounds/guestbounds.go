@@ -1,0 +1,182 @@
+// Package guestbounds caps what guestnet caches of one guest cluster. The ClusterCache keeps,
+// per guest, an informer of every kind guestnet watches there (Services, webhook
+// configurations, APIServices), each holding every object of that kind: a tenant who creates
+// many objects in its own guest would make the manager that serves every tenant hold them
+// all. Before a guest's client is handed out (clusterscope.GuestClient), its objects are
+// counted with one metadata-only list request per kind (limit 1: the apiserver says how many
+// are left); a guest with more than the cap of any kind gets no client: its GuestIngresses and
+// GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge, and guestnet
+// starts no informer for it. The count of a guest over the cap is kept a minute (CheckEvery), that
+// of one within it ten minutes (RecheckEvery). docs/decisions/0009-bounded-guests.md.
+package guestbounds
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// DefaultMaxObjects is the default cap per kind and guest.
+const DefaultMaxObjects = 5000
+
+// DefaultCheckEvery is how long the count of a guest over the cap is kept before it is taken
+// again: how soon a guest that shrank is served again.
+const DefaultCheckEvery = time.Minute
+
+// DefaultRecheckEvery is how long the count of a guest within the cap is kept: how soon a
+// guest that grew past it is noticed. Longer than DefaultCheckEvery: such a guest is cached
+// already (what its informers hold stays until the manager restarts), and a steady state
+// makes no requests but these.
+const DefaultRecheckEvery = 10 * time.Minute
+
+// pageSize is the page of the count's fallback (an apiserver that does not say how many
+// items are left): metadata only, so a page is at most pageSize objects' metadata.
+const pageSize = 100
+
+// Kinds are the kinds counted: those guestnet caches per guest.
+var Kinds = []schema.GroupVersionKind{
+	corev1.SchemeGroupVersion.WithKind("Service"),
+	admissionregistrationv1.SchemeGroupVersion.WithKind("ValidatingWebhookConfiguration"),
+	admissionregistrationv1.SchemeGroupVersion.WithKind("MutatingWebhookConfiguration"),
+	apiregistrationv1.SchemeGroupVersion.WithKind("APIService"),
+}
+
+// TooLargeError says that a guest holds more objects of a kind than guestnet caches.
+type TooLargeError struct {
+	Kind  string
+	Count int
+	Max   int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("the guest holds more than %d %ss (at least %d), more than guestnet caches per guest cluster: "+
+		"delete %ss in the guest until at most %d are left (or ask the provider admin to raise the manager's --guest-max-objects); "+
+		"guestnet does nothing for this cluster until then and counts again every minute",
+		e.Max, e.Kind, e.Count, e.Kind, e.Max)
+}
+
+// Bounds counts guests' objects and remembers the counts. The zero value caps at
+// DefaultMaxObjects and counts again after DefaultCheckEvery.
+type Bounds struct {
+	// MaxObjects is the cap per kind; DefaultMaxObjects when zero, none when negative.
+	MaxObjects int
+	// CheckEvery is how long the count of a guest over the cap is kept; DefaultCheckEvery
+	// when zero. RecheckEvery is that of a guest within it; DefaultRecheckEvery when zero.
+	CheckEvery   time.Duration
+	RecheckEvery time.Duration
+
+	mu     sync.Mutex
+	counts map[client.ObjectKey]count
+	now    func() time.Time
+}
+
+type count struct {
+	err error
+	at  time.Time
+}
+
+// Default is the manager's Bounds (main.go sets MaxObjects from its flag).
+var Default = &Bounds{}
+
+func (b *Bounds) max() int {
+	if b.MaxObjects == 0 {
+		return DefaultMaxObjects
+	}
+	return b.MaxObjects
+}
+
+// Check returns a *TooLargeError when the guest of cluster holds more objects of a kind than
+// the cap; guest is an uncached reader of it. Counts younger than CheckEvery are reused.
+func (b *Bounds) Check(ctx context.Context, cluster client.ObjectKey, guest client.Reader) error {
+	if b == nil || b.max() < 0 {
+		return nil
+	}
+	b.mu.Lock()
+	if b.now == nil {
+		b.now = time.Now
+	}
+	if c, ok := b.counts[cluster]; ok && b.now().Sub(c.at) < b.keep(c.err) {
+		b.mu.Unlock()
+		return c.err
+	}
+	b.mu.Unlock()
+
+	err := b.count(ctx, guest)
+	if _, tooLarge := err.(*TooLargeError); err != nil && !tooLarge { //nolint:errorlint // count returns it unwrapped
+		return fmt.Errorf("counting the guest's objects: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.counts == nil {
+		b.counts = map[client.ObjectKey]count{}
+	}
+	b.counts[cluster] = count{err: err, at: b.now()}
+	return err
+}
+
+// keep is how long a count that ended with err is kept.
+func (b *Bounds) keep(err error) time.Duration {
+	if err != nil {
+		return cmp.Or(b.CheckEvery, DefaultCheckEvery)
+	}
+	return cmp.Or(b.RecheckEvery, DefaultRecheckEvery)
+}
+
+// Forget drops what is known of cluster (its Cluster is gone).
+func (b *Bounds) Forget(cluster client.ObjectKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.counts, cluster)
+}
+
+// count counts each kind, up to the cap plus one.
+func (b *Bounds) count(ctx context.Context, guest client.Reader) error {
+	limit := b.max()
+	for _, gvk := range Kinds {
+		n, err := countKind(ctx, guest, gvk, limit)
+		if err != nil {
+			return err
+		}
+		if n > limit {
+			return &TooLargeError{Kind: gvk.Kind, Count: n, Max: limit}
+		}
+	}
+	return nil
+}
+
+// countKind counts the objects of gvk, stopping past limit: one request with limit 1 when
+// the apiserver says how many items are left (remainingItemCount), else pages of pageSize.
+func countKind(ctx context.Context, guest client.Reader, gvk schema.GroupVersionKind, limit int) (int, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	if err := guest.List(ctx, list, client.Limit(1)); err != nil {
+		return 0, fmt.Errorf("listing %ss: %w", gvk.Kind, err)
+	}
+	if list.Continue == "" {
+		return len(list.Items), nil
+	}
+	if left := list.RemainingItemCount; left != nil {
+		return len(list.Items) + int(*left), nil
+	}
+	n, cont := 0, ""
+	for {
+		page := &metav1.PartialObjectMetadataList{}
+		page.SetGroupVersionKind(list.GroupVersionKind())
+		if err := guest.List(ctx, page, client.Limit(pageSize), client.Continue(cont)); err != nil {
+			return 0, fmt.Errorf("listing %ss: %w", gvk.Kind, err)
+		}
+		n += len(page.Items)
+		if cont = page.Continue; cont == "" || n > limit {
+			return n, nil
+		}
+	}
+}

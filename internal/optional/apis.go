@@ -1,0 +1,29 @@
+package optional
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+)
+
+// The optional APIs of the host cluster.
+var (
+	// CiliumLBIPAM is what a GuestIngress is built on: the pool its IP comes from and the L2
+	// policy that announces it. Without it GuestIngresses report
+	// CiliumLBIPAMNotInstalled and create nothing; GuestWebhookBridges do not need it.
+	CiliumLBIPAM = API{
+		Name:  "Cilium LB-IPAM",
+		Kinds: []schema.GroupVersionKind{ingress.PoolGVK, ingress.L2PolicyGVK},
+		Install: "install Cilium with LB-IPAM and L2 announcements in the host cluster " +
+			"(its CRDs ciliumloadbalancerippools.cilium.io and ciliuml2announcementpolicies.cilium.io)",
+	}
+	// CAPK is the KubeVirt infrastructure provider, whose worker templates the worker ports
+	// controller declares ports on. Without it no MachineDeployment can use one, so there
+	// is nothing to declare; the controller only stops watching templates.
+	CAPK = API{
+		Name:    "Cluster API Provider KubeVirt",
+		Kinds:   []schema.GroupVersionKind{ports.KubevirtMachineTemplateGVK},
+		Install: "install Cluster API Provider KubeVirt (clusterctl init --infrastructure kubevirt)",
+	}
+)
