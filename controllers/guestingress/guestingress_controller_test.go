@@ -111,5 +111,6 @@ func setupGuestIngress(ctx context.Context, mgr ctrl.Manager, cc clustercache.Cl
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     cc,
 		WatchFilterValue: o.WatchFilterValue,
+		WatchNamespace:   o.WatchNamespace,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency))
 }

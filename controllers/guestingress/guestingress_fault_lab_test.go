@@ -265,11 +265,12 @@ func (e *phaseEnv) expectNoHostObjects() {
 // faultSetup registers the GuestIngress controller with host and guest clients whose writes
 // are charged to budget.
 func faultSetup(budget *faultclient.Budget) lab.SetupFunc {
-	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, _ manager.Options) error {
+	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
 		return (&guestingress.Reconciler{
-			Client:       faultclient.Wrap(mgr.GetClient(), budget),
-			APIReader:    mgr.GetAPIReader(),
-			ClusterCache: faultCache{ClusterCache: cc, budget: budget},
+			Client:         faultclient.Wrap(mgr.GetClient(), budget),
+			APIReader:      mgr.GetAPIReader(),
+			ClusterCache:   faultCache{ClusterCache: cc, budget: budget},
+			WatchNamespace: o.WatchNamespace,
 		}).SetupWithManager(ctx, mgr, controller.Options{})
 	}
 }

@@ -55,6 +55,33 @@ func updateStatus(s *scope) {
 	status.SetReadyCondition(gi, summarised...)
 }
 
+// updatePausedStatus derives what a paused reconcile decided: Admitted (status is derived
+// even when paused, so that a revocation shows), and, when the GuestIngress is not admitted,
+// no chain to report on (as updateStatus reports a withdrawal). When reconcileHeld took off
+// the host Service, the status says so. Everything else stays as the last reconcile that
+// could act left it.
+func updatePausedStatus(s *scope) {
+	gi, o := s.guestIngress, s.host
+	if o == nil {
+		return // Cilium is not installed, or the host could not be read: only Paused
+	}
+	ingress.SetAdmitted(gi, o.Admission)
+	summarised := ingress.SummarisedConditions
+	if !o.Admission.Admitted {
+		for _, c := range ingress.ExposureConditions {
+			conditions.Delete(gi, c)
+		}
+		summarised = []string{guestnetv1.AdmittedCondition, guestnetv1.ClusterAvailableCondition}
+	}
+	if o.HostService == nil && (gi.Status.HostService != "" || !o.Admission.Admitted) {
+		gi.Status.LoadBalancerIP, gi.Status.HostService, gi.Status.ReadyEndpoints = "", "", 0
+		if o.Admission.Admitted {
+			ingress.SetNoHostService(gi)
+		}
+	}
+	status.SetReadyCondition(gi, summarised...)
+}
+
 // deletingMessage says what a deletion waits for.
 func deletingMessage(s *scope) string {
 	gi := s.guestIngress

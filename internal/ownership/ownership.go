@@ -105,6 +105,19 @@ func MadeForUID(obj metav1.Object) types.UID {
 	return types.UID(obj.GetAnnotations()[GuestIngressUIDAnnotation])
 }
 
+// Orphaned reports whether obj, a host object made for a GuestIngress of live's key, is an
+// orphan for the manager instance with this watch-filter value: the GuestIngress is gone
+// (live is nil), is no longer this instance's (its watch-filter label changed), or is another
+// one than obj was made for (another UID). An object made before guestnet recorded UIDs is
+// the GuestIngress's of its name (adopted, not an orphan) while that one exists.
+func Orphaned(obj metav1.Object, live *guestnetv1.GuestIngress, watchFilterValue string) bool {
+	if live == nil || (watchFilterValue != "" && InstanceMark(live) != watchFilterValue) {
+		return true
+	}
+	uid := MadeForUID(obj)
+	return uid != "" && live.UID != "" && uid != live.UID
+}
+
 // NeedsMarks reports whether a pool or L2 policy of gi lacks the marks guestnet puts on
 // them now (the UID, the instance's mark): one made by an older guestnet, adopted by
 // writing them.
