@@ -55,6 +55,9 @@ func TestGuestIngressController(t *testing.T) {
 			gi.Spec.LoadBalancer.Annotations = map[string]string{"test.guestnet.dev/change": utilrand.String(8)}
 		},
 		Setup: setupGuestIngress,
+		// What a GuestIngress holds on the host is compared with what its policy admits on
+		// every reconcile, paused or not (docs/decisions/0008-held-within-admitted.md).
+		DerivedWhilePaused: []string{guestnetv1.AdmittedCondition},
 	})
 }
 

@@ -215,7 +215,7 @@ func (e *phaseEnv) snapshot(gi *guestnetv1.GuestIngress) string {
 		"status":       status, "conditions": conds,
 	}, "", " ")
 	e.g.Expect(err).NotTo(HaveOccurred())
-	out := string(data)
+	out := strings.ReplaceAll(string(data), string(got.UID), "UID")
 	for i := int32(19); i >= 0; i-- {
 		out = strings.ReplaceAll(out, fmt.Sprint(e.nodePort(i)), fmt.Sprintf("NODEPORT%d", i))
 	}
