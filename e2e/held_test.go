@@ -144,7 +144,7 @@ func newHeldEnv(t *testing.T) *heldEnv {
 }
 
 // heldCase is one scenario's world: its addresses are 10.98.(130+i).0/24, its guest nodePorts
-// 32400+10i and the nine after, its worker 10.244.130.(10+i).
+// 32400+10i and the nine after, its worker 10.244.93.(10+i).
 type heldCase struct {
 	e      *heldEnv
 	i      int
@@ -158,7 +158,7 @@ type heldCase struct {
 	guestSA *corev1.ServiceAccount
 }
 
-func (c *heldCase) ip(host int) string    { return fmt.Sprintf("10.98.%d.%d", 130+c.i, host) }
+func (c *heldCase) ip(host int) string   { return fmt.Sprintf("10.98.%d.%d", 130+c.i, host) }
 func (c *heldCase) nodePort(j int) int32 { return int32(32400 + 10*c.i + j) }
 
 func (e *heldEnv) run(t *testing.T, i int, sc heldScenario) {
@@ -223,7 +223,12 @@ func (e *heldEnv) run(t *testing.T, i int, sc heldScenario) {
 
 	if sc.name == "finalizer-removed" {
 		// The tenant makes a LoadBalancer Service of its own under the old host Service's
-		// name, asking for the IP: no pool of guestnet's gives it one any more.
+		// name, asking for the IP: no pool of guestnet's gives it one any more. (An admin's
+		// pool for another namespace keeps LB-IPAM deciding: it is dormant while no pool
+		// exists.)
+		other := poolObject("other-"+c.ns, map[string]any{"matchLabels": map[string]any{ingress.ServiceNamespaceKey: "nobody"}}, c.ip(240)+"/28")
+		g.Expect(e.host.Create(e.ctx, other)).To(Succeed())
+		t.Cleanup(func() { _ = e.host.Delete(context.Background(), other) })
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: hostnames.HostService(c.gi), Annotations: map[string]string{ingress.LBIPAMIPsAnnotation: ip}},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(guestnetv1.DefaultLoadBalancerClass),
@@ -257,7 +262,7 @@ func (e *heldEnv) newCase(t *testing.T, i int, sc heldScenario) *heldCase {
 		c.useGuestServiceAccount(t)
 	}
 	labelForFilter(t, e.l, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: c.gc.Name}}, e.filter)
-	w := addWorker(t, e.l, c.gc, c.gc.Name+"-worker", fmt.Sprintf("10.244.130.%d", 10+i))
+	w := addWorker(t, e.l, c.gc, c.gc.Name+"-worker", fmt.Sprintf("10.244.93.%d", 10+i))
 	g.Expect(w.ServeMachineName(c.nodePort(0))).To(Succeed())
 	guestSvc := createContourService(t, e.l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
 

@@ -168,7 +168,6 @@ func TestHeldBeyondAdmitted(t *testing.T) {
 			}}},
 		{name: "no interface is allowed any more: the announcement goes",
 			policy: func(p *guestnetv1.GuestIngressPolicy) { p.Spec.L2Announcement.Interfaces = []string{"^bond0$"} },
-			spec:   func(g *guestnetv1.GuestIngress) {},
 			wantL2: &wantCut{delete: true, outside: []string{"interface ^eth0$", "interface ^eth1$"}}},
 		{name: "an announcement on every interface (none listed) goes",
 			held:   func(h *Held) { unstructured.RemoveNestedField(h.L2Policy.Object, "spec", "interfaces") },
