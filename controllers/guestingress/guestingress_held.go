@@ -84,22 +84,29 @@ func (r *Reconciler) reconcileHeld(ctx context.Context, s *scope) error {
 	return kerrors.NewAggregate(errs)
 }
 
-// cut deletes live, or patches it to what is left of it (a merge patch with optimistic
-// locking, as guestnet's field manager), as c says, with a Warning event that says what the
+// cut deletes live (preconditions on its UID and resourceVersion), or patches it to what is
+// left of it (a merge patch with optimistic locking, as guestnet's field manager), as c says, with a Warning event that says what the
 // policy does not admit; it returns the object as it is afterwards (nil when deleted).
 func cut[T interface {
 	client.Object
 	comparable
 }](ctx context.Context, r *Reconciler, s *scope, live T, c policy.Cut[T], reason string) (T, error) {
 	var none T
-	if c.Within() || live == none {
+	if c.Within() || live == none || !live.GetDeletionTimestamp().IsZero() {
 		return live, nil
 	}
 	what := strings.Join(c.Outside, "; ")
 	if c.Delete {
-		if err := r.deleteObject(ctx, s, live, corev1.EventTypeWarning, reason, "it holds what the GuestIngressPolicy does not admit now: "+what); err != nil {
-			return live, err
+		// Exactly the version judged: a cache behind the apiserver never deletes what it has not seen.
+		uid, version := live.GetUID(), live.GetResourceVersion()
+		if err := r.Client.Delete(ctx, live, client.Preconditions{UID: &uid, ResourceVersion: &version}); err != nil {
+			if apierrors.IsNotFound(err) {
+				return none, nil
+			}
+			return live, fmt.Errorf("deleting %s %s, which holds what the policy does not admit: %w", kindOf(live), client.ObjectKeyFromObject(live), err)
 		}
+		record.Written(ctx, r.recorder, s.guestIngress, record.Write{Type: corev1.EventTypeWarning, Reason: reason, Action: eventActionDelete,
+			Object: live, Note: fmt.Sprintf("Deleted %s %s: it holds what the GuestIngressPolicy does not admit now: %s", kindOf(live), client.ObjectKeyFromObject(live), what)})
 		return none, nil
 	}
 	narrowed := c.Narrowed
