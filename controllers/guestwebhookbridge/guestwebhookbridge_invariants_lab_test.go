@@ -419,7 +419,7 @@ func (e *bridgeEnv) routeGuestThroughPath(cluster string) *tcpPath {
 	g.Expect(err).NotTo(HaveOccurred())
 	l, err := net.Listen("tcp", net.JoinHostPort(lab.GuestAPIServerAddress, "0"))
 	g.Expect(err).NotTo(HaveOccurred())
-	e.setControlPlaneEndpoint(cluster, clusterv1.APIEndpoint{Host: lab.GuestAPIServerAddress, Port: int32(l.Addr().(*net.TCPAddr).Port)}) //nolint:gosec // a port
+	e.setControlPlaneEndpoint(cluster, clusterv1.APIEndpoint{Host: lab.GuestAPIServerAddress, Port: int32(l.Addr().(*net.TCPAddr).Port)})
 	p := &tcpPath{l: l}
 	go func() {
 		for {

@@ -290,7 +290,7 @@ func (c *checker) endpoint(e clusterv1.APIEndpoint) (hostPort, bool) {
 		c.add(field+".host", why, "set it to the guest apiserver's own address")
 		return hostPort{}, false
 	}
-	h.port = uint16(e.Port) //nolint:gosec // checked above
+	h.port = uint16(e.Port)
 	return h, ok
 }
 
@@ -314,7 +314,8 @@ func quote(s string) string { return strconv.Quote(bound(s)) }
 
 func quoteIfNeeded(s string) string {
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.@:/", r)) {
+		plain := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.@:/", r)
+		if !plain {
 			return quote(s)
 		}
 	}
