@@ -448,15 +448,21 @@ func TestGuestIngressInvariants_InputAdmissionCannotCheckIsACondition(t *testing
 
 // --- helpers --------------------------------------------------------------------------------
 
-// createUnreachableCluster creates a provisioned Cluster whose <cluster>-kubeconfig Secret
-// points at an address nothing listens on: the ClusterCache never connects.
+// unreachableEndpoint is a lab address nothing listens on (10.244.0.0/16 is local in the
+// lab's network namespace: a connection is refused at once).
+var unreachableEndpoint = clusterv1.APIEndpoint{Host: "10.244.0.254", Port: 1}
+
+// createUnreachableCluster creates a provisioned Cluster whose control plane endpoint, and
+// the server of its <cluster>-kubeconfig Secret, is an address nothing listens on: the
+// ClusterCache never connects.
 func (e *phaseEnv) createUnreachableCluster(name string) {
 	e.t.Helper()
 	cluster := &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: e.labels()},
 		Spec: clusterv1.ClusterSpec{
-			ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "KubevirtCluster", Name: name},
+			ControlPlaneEndpoint: unreachableEndpoint,
+			ControlPlaneRef:      clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
+			InfrastructureRef:    clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "KubevirtCluster", Name: name},
 		},
 	}
 	e.g.Expect(e.host.Create(e.ctx, cluster)).To(Succeed())
@@ -465,7 +471,7 @@ func (e *phaseEnv) createUnreachableCluster(name string) {
 	cfg, err := clientcmd.Load(e.l.Guest.Kubeconfig)
 	e.g.Expect(err).NotTo(HaveOccurred())
 	for _, c := range cfg.Clusters {
-		c.Server = "https://127.0.0.1:1"
+		c.Server = "https://" + unreachableEndpoint.String()
 	}
 	kubeconfig, err := clientcmd.Write(*cfg)
 	e.g.Expect(err).NotTo(HaveOccurred())

@@ -16,6 +16,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
@@ -41,6 +42,11 @@ func checkCluster(s *State) Result {
 func checkGuest(s *State) Result {
 	r := Result{Check: CheckGuest}
 	g := s.Guest
+	if refused, ok := kubeconfig.AsRefused(g.Err); ok {
+		r.Verdict, r.Detail = Fail, fmt.Sprintf("guestnet's manager and diagnose do not use this kubeconfig, so the guest is not read: %v", refused)
+		r.Fix, r.Runbook = fixKubeconfigRefused, rbKubeconfigRefused
+		return r
+	}
 	if g.Err != nil {
 		r.Verdict, r.Detail = Fail, fmt.Sprintf("the guest apiserver cannot be read through %s: %v", g.Source, g.Err)
 		r.Fix, r.Runbook = fixGuestUnreachable, rbGuestUnreachable

@@ -43,6 +43,9 @@ func Diagnose(s *State) *Report {
 func conditionRunbook(c *metav1.Condition) string {
 	switch c.Type {
 	case guestnetv1.ClusterAvailableCondition:
+		if c.Reason == guestnetv1.KubeconfigRefusedReason {
+			return rbKubeconfigRefused
+		}
 		return rbGuestUnreachable
 	case guestnetv1.LoadBalancerReadyCondition:
 		return rbNoIP

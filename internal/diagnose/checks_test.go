@@ -17,6 +17,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
@@ -556,6 +557,26 @@ func TestDiagnose_GuestnetObjects(t *testing.T) {
 		s.Bridges[0].Status.Conditions = append(s.Bridges[0].Status.Conditions, cond(guestnetv1.PausedCondition, metav1.ConditionTrue, guestnetv1.PausedReason, "Cluster tenant-a has spec.paused set to true"))
 		g.Expect(find(t, Diagnose(s), CheckGuestWebhookBridge, bridgeName).Verdict).To(Equal(Warn))
 	})
+}
+
+// A Secret whose kubeconfig guestnet refuses: the guest is not read, the report names the
+// refused field and says how to correct the Secret, or to pass a kubeconfig of one's own.
+func TestDiagnose_KubeconfigRefused(t *testing.T) {
+	g := NewWithT(t)
+	s := healthy(t)
+	s.Guest = &Guest{Source: "Secret k0smotron/tenant-a-kubeconfig", Err: &kubeconfig.RefusedError{
+		Source:   "Secret k0smotron/tenant-a-kubeconfig",
+		Problems: []kubeconfig.Problem{{Field: "users[tenant].exec", Why: "runs a command", Fix: "write the credential itself"}},
+	}}
+	rep := Diagnose(s)
+	r := find(t, rep, CheckGuest, "")
+	g.Expect(r.Verdict).To(Equal(Fail))
+	g.Expect(r.Detail).To(And(ContainSubstring("Secret k0smotron/tenant-a-kubeconfig"), ContainSubstring("users[tenant].exec runs a command")))
+	g.Expect(r.Fix).To(And(ContainSubstring("client-certificate-data"), ContainSubstring("--guest-kubeconfig")))
+	g.Expect(r.Runbook).To(Equal(rbKubeconfigRefused))
+	for _, res := range rep.Results {
+		g.Expect(res.Check).NotTo(BeElementOf(CheckTunnel, CheckAPIService, CheckValidatingWebhook, CheckKonnectivity), "no guest checks without a guest")
+	}
 }
 
 func TestDiagnose_GuestUnreachableAndUnprovisioned(t *testing.T) {
