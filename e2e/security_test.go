@@ -335,7 +335,7 @@ func TestSecurity_BridgeHostServicesReachOnlyTheirOwnWorkers(t *testing.T) {
 	svc := &corev1.Service{}
 	g.Eventually(func() error { return e.host.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: name}, svc) }).WithTimeout(giTimeout).Should(Succeed())
 	g.Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP))
-	g.Expect(svc.Spec.Selector).To(Equal(virtlauncher.WorkerSelector(e.gc.Name)))
+	g.Expect(svc.Spec.Selector).To(Equal(virtlauncher.WorkerSelector(e.ns, e.gc.Name)))
 	g.Expect(svc.Spec.ExternalIPs).To(BeEmpty())
 	g.Expect(svc.Spec.LoadBalancerIP).To(BeEmpty())
 	for _, p := range svc.Spec.Ports {

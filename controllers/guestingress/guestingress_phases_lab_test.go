@@ -216,7 +216,7 @@ func TestGuestIngressPhases_HostServiceFollowsTheSpec(t *testing.T) {
 		return e.host.Update(e.ctx, svc, client.FieldOwner("kubectl-edit"))
 	})).To(Succeed())
 	e.g.Eventually(func() map[string]string { return e.getHostService("tenant-a-web").Spec.Selector }).
-		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector("tenant-a")))
+		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector(e.ns, "tenant-a")))
 }
 
 // Without fixed nodePorts guestnet follows what the guest allocated, through its watch on
@@ -512,7 +512,7 @@ func TestGuestIngressPhases_EndpointsFollowTheWorkers(t *testing.T) {
 	gc := e.createCluster("tenant-a", 0)
 	gi := e.createGuestIngress("web", gc.Name)
 	c := e.eventuallyConditionMessage(gi, guestnetv1.EndpointsReadyCondition, metav1.ConditionFalse, guestnetv1.NoEndpointsReason, "matches no pod")
-	e.g.Expect(c.Message).To(ContainSubstring("The selector cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service %s/tenant-a-web matches no pod", e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The selector capk.cluster.x-k8s.io/kubevirt-machine-namespace=%s,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service %s/tenant-a-web matches no pod", e.ns, e.ns))
 	e.g.Expect(c.Message).To(ContainSubstring("kubectl get pods -n %s -l", e.ns))
 
 	w := e.addWorker(gc)

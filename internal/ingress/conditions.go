@@ -142,7 +142,7 @@ func SetNoHostService(gi *guestnetv1.GuestIngress) {
 // SetEndpoints reports the host Service's endpoints: ready of total worker virt-launcher
 // pods its selector matched.
 func SetEndpoints(gi *guestnetv1.GuestIngress, namespace, service string, ready, total int32) {
-	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(gi.Spec.ClusterName))
+	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName))
 	switch {
 	case ready > 0:
 		set(gi, guestnetv1.EndpointsReadyCondition, metav1.ConditionTrue, guestnetv1.ReadyReason,

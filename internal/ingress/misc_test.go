@@ -68,8 +68,8 @@ func TestSetEndpoints(t *testing.T) {
 		{
 			name: "nothing selected", wantStatus: metav1.ConditionFalse,
 			wantMessage: []string{
-				"The selector cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service k0smotron/tenant-a-web matches no pod",
-				"kubectl get pods -n k0smotron -l cluster.x-k8s.io/cluster-name=tenant-a,",
+				"The selector capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service k0smotron/tenant-a-web matches no pod",
+				"kubectl get pods -n k0smotron -l capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,",
 			},
 		},
 		{name: "selected, none ready", total: 2, wantStatus: metav1.ConditionFalse, wantMessage: []string{"2 worker virt-launcher pods match", "none is ready"}},
