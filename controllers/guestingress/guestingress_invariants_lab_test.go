@@ -91,7 +91,7 @@ func TestGuestIngressInvariants_AHolderIsNeverDisplaced(t *testing.T) {
 	// The older one's Cluster appears: it is refused, naming the holder.
 	second.createCluster("tenant-b", 1)
 	c := second.eventuallyCondition(older, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPConflictReason)
-	second.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by GuestIngress %s/web", first.ip(10), first.ns))
+	second.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by another namespace's GuestIngress (it holds them on the host)", first.ip(10)))
 	keeps := func(what string) {
 		t.Helper()
 		second.g.Consistently(func(g Gomega) {

@@ -322,7 +322,8 @@ func TestGuestIngressPhases_IPConflictAcrossNamespaces(t *testing.T) {
 
 	c := second.eventuallyCondition(newer, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPConflictReason)
 	e := second
-	e.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by GuestIngress %s/web", first.ip(10), first.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by another namespace's GuestIngress", first.ip(10)))
+	e.g.Expect(c.Message).NotTo(ContainSubstring(first.ns), "another namespace's GuestIngress is not named to the tenant")
 	e.g.Consistently(func() error { _, err := e.tryGetHostService("tenant-a-web"); return err }).
 		WithTimeout(2 * time.Second).Should(Satisfy(apierrors.IsNotFound))
 	_, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-web")
@@ -354,7 +355,7 @@ func TestGuestIngressPhases_PoolConflicts(t *testing.T) {
 		gi.Spec.LoadBalancer.CIDRs = []string{e.lbNet + ".8/29"}
 	})
 	c := e.eventuallyCondition(b, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s.8/29 overlap %s.0/28 of GuestIngress %s/a", e.lbNet, e.lbNet, e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s.8/29 overlap %s.0/28 of GuestIngress a of this namespace", e.lbNet, e.lbNet))
 	_, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-b")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
 
@@ -374,7 +375,8 @@ func TestGuestIngressPhases_PoolConflicts(t *testing.T) {
 		gi.Spec.LoadBalancer.IP = e.ip(70)
 	})
 	c = e.eventuallyCondition(d, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("overlap CiliumLoadBalancerIPPool user-%s", e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The addresses %s of the pool ranges %s/32 are in a pool of the platform", e.ip(70), e.ip(70)))
+	e.g.Expect(c.Message).NotTo(ContainSubstring("user-"+e.ns), "the platform's pools are not named to the tenant")
 	_, err = e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-d")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a pool that Cilium would mark conflicting")
 }

@@ -327,7 +327,7 @@ func TestGuestWebhookBridgePhases_ASecondBridgeIsRefused(t *testing.T) {
 
 	got := e.eventuallyCondition(second, guestnetv1.TargetsBridgedCondition, metav1.ConditionFalse, guestnetv1.TargetClaimedReason)
 	e.g.Expect(conditions.Get(got, guestnetv1.TargetsBridgedCondition).Message).To(ContainSubstring(
-		"is bridged by GuestWebhookBridge " + e.ns + "/first; remove it from one of the two bridges"))
+		"is bridged by GuestWebhookBridge first of this namespace; remove it from one of the two bridges"))
 	e.g.Expect(e.guestServices(e.webhookNS)).To(ConsistOf("cert-manager-webhook", "cert-manager-webhook-guestnet-nodeport"))
 	e.g.Expect(e.getBridge(first).Status.BridgedTargets).To(BeEquivalentTo(1))
 }
