@@ -171,7 +171,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(createOrDelete)).
 		// One GuestIngress per guest Service: the others of the Cluster that name or hold a
 		// guest Service are decided again when one takes, gives back or stops naming it.
-		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.guestServiceRivals)).
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.guestServiceRivalsOf)).
 		// Admission: the GuestIngressPolicies, and the labels of the namespaces they select.
 		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses)).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),

@@ -89,8 +89,10 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	if err != nil {
 		return err
 	}
-	o := &ingress.Observed{GuestIngress: gi, Cluster: s.cluster, GuestReachable: s.guestClient != nil,
-		GuestServiceRivals: ingress.GuestServiceRivalsOf(gi, w.guestIngresses)}
+	o := &ingress.Observed{GuestIngress: gi, Cluster: s.cluster, GuestReachable: s.guestClient != nil}
+	if o.GuestServiceRivals, err = r.guestServiceRivals(ctx, w, gi); err != nil {
+		return err
+	}
 	if o.Admission, err = r.admit(ctx, w, gi); err != nil {
 		return err
 	}
@@ -206,6 +208,23 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 		}
 	}
 	return r.Admit(policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName}), nil
+}
+
+// guestServiceRivals are the GuestIngresses of gi's Cluster that own or still hold its guest
+// Service (ingress.GuestServiceRivalsOf); one owns it only while it may hold anything
+// (eligible), as a claim of address space: an older one refused by its policy does not keep
+// a newer admitted one from the Service.
+func (r *Reconciler) guestServiceRivals(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (ingress.GuestServiceRivals, error) {
+	var err error
+	rivals := ingress.GuestServiceRivalsOf(gi, w.guestIngresses, func(other *guestnetv1.GuestIngress) bool {
+		if err != nil {
+			return false
+		}
+		var ok bool
+		ok, err = r.eligible(ctx, w, other)
+		return ok
+	})
+	return rivals, err
 }
 
 // claimants are the other GuestIngresses as claimants, with what each holds on the host
@@ -697,7 +716,9 @@ func (r *Reconciler) heldGuestService(ctx context.Context, s *scope) (*client.Ob
 		if err != nil {
 			return nil, err
 		}
-		if rivals := ingress.GuestServiceRivalsOf(gi, all); rivals.Owner != "" || rivals.Holder != "" {
+		// (A legacy case: whether the older ones could hold anything is not asked again.)
+		notDeleting := func(other *guestnetv1.GuestIngress) bool { return other.DeletionTimestamp.IsZero() }
+		if rivals := ingress.GuestServiceRivalsOf(gi, all, notDeleting); rivals.Owner != "" || rivals.Holder != "" {
 			return nil, nil
 		}
 		ref = &gi.Spec.GuestService

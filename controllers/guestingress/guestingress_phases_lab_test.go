@@ -115,6 +115,7 @@ func TestGuestIngressPhases_ExposesTheGuestServiceOnTheHost(t *testing.T) {
 	e.g.Expect(host.Spec.Type).To(Equal(corev1.ServiceTypeLoadBalancer))
 	e.g.Expect(host.Spec.Selector).To(Equal(map[string]string{
 		"cluster.x-k8s.io/cluster-name": "tenant-a", "cluster.x-k8s.io/role": "worker", "kubevirt.io": "virt-launcher",
+		"capk.cluster.x-k8s.io/kubevirt-machine-namespace": e.ns,
 	}))
 	e.g.Expect(host.Spec.Ports).To(HaveLen(2))
 	e.g.Expect(host.Spec.Ports[0]).To(MatchFields(host.Spec.Ports[0].NodePort, "http", 80, intstr.FromInt32(e.nodePort(0))))
@@ -375,7 +376,7 @@ func TestGuestIngressPhases_PoolConflicts(t *testing.T) {
 		gi.Spec.LoadBalancer.IP = e.ip(70)
 	})
 	c = e.eventuallyCondition(d, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("The addresses %s of the pool ranges %s/32 are in a pool of the platform", e.ip(70), e.ip(70)))
+	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s are in a pool of the platform", e.ip(70)))
 	e.g.Expect(c.Message).NotTo(ContainSubstring("user-"+e.ns), "the platform's pools are not named to the tenant")
 	_, err = e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-d")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a pool that Cilium would mark conflicting")

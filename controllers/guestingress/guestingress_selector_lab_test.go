@@ -5,9 +5,9 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
@@ -30,11 +30,14 @@ func TestGuestIngressPhases_AnOlderSelectorIsUpgraded(t *testing.T) {
 			older[k] = v
 		}
 	}
-	svc := e.getHostService("tenant-a-web")
-	e.g.Expect(e.host.Apply(e.ctx, corev1ac.Service(svc.Name, svc.Namespace).WithSpec(corev1ac.ServiceSpec().WithSelector(older)),
-		client.FieldOwner(ownership.FieldManager), client.ForceOwnership)).To(Succeed())
-	e.g.Expect(e.getHostService("tenant-a-web").Spec.Selector).NotTo(HaveKey(virtlauncher.MachineNamespaceLabel))
+	applied := ingress.HostService(e.getGuestIngress(gi), map[string]int32{"http": e.nodePort(0), "https": e.nodePort(1)})
+	applied.Spec.Selector = older
+	e.g.Expect(e.host.Apply(e.ctx, applied, client.FieldOwner(ownership.FieldManager), client.ForceOwnership)).To(Succeed())
+	e.g.Expect(applied.Spec.Selector).To(Equal(older), "the apply's answer: the Service as an older guestnet left it")
 
-	e.g.Eventually(func() map[string]string { return e.getHostService("tenant-a-web").Spec.Selector }).
-		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector(e.ns, gc.Name)))
+	e.g.Eventually(func(g Gomega) {
+		svc := e.getHostService("tenant-a-web")
+		g.Expect(svc.ResourceVersion).NotTo(Equal(*applied.ResourceVersion))
+		g.Expect(svc.Spec.Selector).To(Equal(virtlauncher.WorkerSelector(e.ns, gc.Name)))
+	}).WithTimeout(waitTimeout).WithPolling(poll).Should(Succeed())
 }

@@ -160,12 +160,12 @@ func (r *Reconciler) guestIngressesColliding(ctx context.Context, except client.
 	return requests
 }
 
-// guestServiceRivals maps a GuestIngress to the other GuestIngresses of its Cluster that name
+// guestServiceRivalsOf maps a GuestIngress to the other GuestIngresses of its Cluster that name
 // or hold (status.guestService) a guest Service it names or holds: which of them may write to
 // it is decided again (ingress.GuestServiceRivalsOf). Both the old and the new version of an
 // update are mapped, so a GuestIngress that stops naming or holding a Service brings the
 // others back.
-func (r *Reconciler) guestServiceRivals(ctx context.Context, o client.Object) []reconcile.Request {
+func (r *Reconciler) guestServiceRivalsOf(ctx context.Context, o client.Object) []reconcile.Request {
 	gi, ok := o.(*guestnetv1.GuestIngress)
 	if !ok {
 		return nil

@@ -115,6 +115,7 @@ func TestGuestWebhookBridgePhases_BridgesAWebhookAndAnAPIService(t *testing.T) {
 	g.Expect(host.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP))
 	g.Expect(host.Spec.Selector).To(Equal(map[string]string{
 		"cluster.x-k8s.io/cluster-name": "tenant-a", "cluster.x-k8s.io/role": "worker", "kubevirt.io": "virt-launcher",
+		"capk.cluster.x-k8s.io/kubevirt-machine-namespace": e.ns,
 	}))
 	g.Expect(host.Spec.Ports).To(ConsistOf(MatchPort("https", 443, intstr.FromInt32(e.nodePort(0)), 0)))
 	g.Expect(host.OwnerReferences).To(ConsistOf(metav1.OwnerReference{

@@ -252,11 +252,35 @@ func conflictWith(c, holder Claimant, reason string, release bool) *Conflict {
 	} else {
 		kept := holder.Wants()
 		kept.Prefixes = append(kept.Prefixes, holder.Held.Prefixes...)
-		conflict.Message = fmt.Sprintf("The addresses %s of the pool ranges %s are already claimed by another namespace's GuestIngress (%s), which keeps them; "+
+		conflict.Message = fmt.Sprintf("%s already claimed by another namespace's GuestIngress (%s), which keeps them; "+
 			"Cilium would stop allocating from both pools, so %s. Choose ranges that do not overlap them, or ask the host admin",
-			Claim{Prefixes: Overlapping(c.Wants().withIP(), kept.withIP())}, c.Wants(), since, outcome)
+			takenOf(c.Wants().withIP(), kept.withIP()), since, outcome)
 	}
 	return conflict
+}
+
+// takenOf says which addresses of the tenant's own ranges mine another's overlap, naming
+// nothing of the other's outside them: "The pool ranges 10.2.6.0/29 are" when all of them,
+// "The addresses 10.2.6.4/30 of the pool ranges 10.2.6.0/24 are" otherwise.
+func takenOf(mine, other []netip.Prefix) string {
+	taken := Overlapping(mine, other)
+	if slices.Equal(taken, mine) {
+		return fmt.Sprintf("The pool ranges %s are", addresses(mine))
+	}
+	return fmt.Sprintf("The addresses %s of the pool ranges %s are", addresses(taken), addresses(mine))
+}
+
+// addresses renders prefixes for messages, a single address without its length:
+// "10.2.6.216/29, 10.2.6.220".
+func addresses(prefixes []netip.Prefix) string {
+	parts := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		parts[i] = p.String()
+		if p.IsSingleIP() {
+			parts[i] = p.Addr().String()
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // withIP is the claim's ranges with its IP as a one-address range.
@@ -325,10 +349,10 @@ func ForeignPoolConflict(gi *guestnetv1.GuestIngress, held Claim, foreign []*uns
 			Reason: guestnetv1.PoolConflictReason,
 			Holder: "CiliumLoadBalancerIPPool " + pool.GetName(),
 			Who:    "a pool of the platform",
-			Message: fmt.Sprintf("The addresses %s of the pool ranges %s are in a pool of the platform, which guestnet does not manage: Cilium disables the newer "+
+			Message: fmt.Sprintf("%s in a pool of the platform, which guestnet does not manage: Cilium disables the newer "+
 				"of two overlapping pools (either one, when they were created in the same second), so %s. Choose spec.loadBalancer.cidrs or .ip outside them, "+
 				"or, if the platform offers you a shared pool, name it in spec.loadBalancer.poolRef",
-				Claim{Prefixes: Overlapping(want, blocks)}, Claim{Prefixes: want}, outcomeOf(c, release)),
+				takenOf(want, blocks), outcomeOf(c, release)),
 			Detail:  fmt.Sprintf("CiliumLoadBalancerIPPool %s (%s) overlaps the ranges", pool.GetName(), Claim{Prefixes: blocks}),
 			Release: release,
 		}

@@ -301,13 +301,21 @@ func TestForeignPoolConflict(t *testing.T) {
 	g.Expect(c).NotTo(BeNil())
 	g.Expect(c.Reason).To(Equal(guestnetv1.PoolConflictReason))
 	g.Expect(c.Holder).To(Equal("CiliumLoadBalancerIPPool admin"))
-	g.Expect(c.Message).To(ContainSubstring("The addresses 10.2.6.88/29 of the pool ranges 10.2.6.88/29 are in a pool of the platform, which guestnet does not manage"))
+	g.Expect(c.Message).To(ContainSubstring("The pool ranges 10.2.6.88/29 are in a pool of the platform, which guestnet does not manage"))
 	g.Expect(c.Message).NotTo(ContainSubstring("admin"), "the platform's pools are not named to a tenant")
 	g.Expect(c.Detail).To(Equal("CiliumLoadBalancerIPPool admin (10.2.6.64/27) overlaps the ranges"))
 	// Cilium's LB-IPAM (run for real in the lab, TestLab_RealLBIPAM) disables one pool of an
 	// overlapping pair created in the same second, whichever it meets first, never both.
 	g.Expect(c.Message).To(ContainSubstring("Cilium disables the newer of two overlapping pools (either one, when they were created in the same second)"))
 	g.Expect(c.Release).To(BeFalse())
+
+	// Ranges only part of which the admin's pool holds: the message shows that part alone.
+	wide := newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = cidrs("10.2.6.0/24") })
+	g.Expect(ForeignPoolConflict(wide, Claim{}, []*unstructured.Unstructured{admin}).Message).To(
+		ContainSubstring("The addresses 10.2.6.64/27 of the pool ranges 10.2.6.0/24 are in a pool of the platform"))
+	single := newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = ip("10.2.6.70") })
+	g.Expect(ForeignPoolConflict(single, Claim{}, []*unstructured.Unstructured{admin}).Message).To(
+		ContainSubstring("The pool ranges 10.2.6.70 are in a pool of the platform"))
 
 	// Its own pool already overlaps the admin's: it goes, so that Cilium enables the admin's.
 	c = ForeignPoolConflict(gi, Claim{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.2.6.88/29")}}, []*unstructured.Unstructured{admin})

@@ -434,8 +434,9 @@ func ServicePortsString(svc *corev1.Service) string {
 // each other forever (they share the field manager) and corrupt the record.
 type GuestServiceRivals struct {
 	// Owner names the GuestIngress that owns the Service when it is not gi: the oldest
-	// (creationTimestamp, then name) of those of the Cluster that name it and are not being
-	// deleted; gi itself always counts.
+	// (creationTimestamp, then name) of those of the Cluster that name it and may hold
+	// anything (as claimants of address space: Cluster there, nothing paused or being deleted,
+	// admitted; a claim that cannot hold anything blocks nobody).
 	Owner string
 	// Holder names another GuestIngress whose status.guestService says it has not given the
 	// Service back yet: nobody else takes the Service before it has.
@@ -443,11 +444,17 @@ type GuestServiceRivals struct {
 }
 
 // GuestServiceRivalsOf finds gi's rivals among all (every GuestIngress guestnet knows; gi may
-// be among them). The Cluster's GuestIngresses are those of gi's namespace with its
-// spec.clusterName: a guest Service of another namespace's Cluster is another guest's.
-func GuestServiceRivalsOf(gi *guestnetv1.GuestIngress, all []guestnetv1.GuestIngress) GuestServiceRivals {
+// be among them); eligible says whether one may hold anything. The owner is the oldest of the
+// Cluster's GuestIngresses that name the Service and are eligible (gi among them when it is);
+// when none is, gi is left to itself (it writes nothing anyway). The Cluster's GuestIngresses
+// are those of gi's namespace with its spec.clusterName: a guest Service of another
+// namespace's Cluster is another guest's.
+func GuestServiceRivalsOf(gi *guestnetv1.GuestIngress, all []guestnetv1.GuestIngress, eligible func(*guestnetv1.GuestIngress) bool) GuestServiceRivals {
 	var r GuestServiceRivals
-	owner := gi
+	var owner *guestnetv1.GuestIngress
+	if eligible(gi) {
+		owner = gi
+	}
 	for i := range all {
 		other := &all[i]
 		if other.Namespace != gi.Namespace || other.Name == gi.Name || other.Spec.ClusterName != gi.Spec.ClusterName {
@@ -456,11 +463,12 @@ func GuestServiceRivalsOf(gi *guestnetv1.GuestIngress, all []guestnetv1.GuestIng
 		if held := other.Status.GuestService; held != nil && *held == gi.Spec.GuestService && (r.Holder == "" || other.Name < r.Holder) {
 			r.Holder = other.Name
 		}
-		if other.Spec.GuestService == gi.Spec.GuestService && other.DeletionTimestamp.IsZero() && olderThan(other, owner) {
+		if other.Spec.GuestService == gi.Spec.GuestService && other.DeletionTimestamp.IsZero() &&
+			(owner == nil || olderThan(other, owner)) && eligible(other) {
 			owner = other
 		}
 	}
-	if owner != gi {
+	if owner != nil && owner != gi {
 		r.Owner = owner.Name
 	}
 	return r

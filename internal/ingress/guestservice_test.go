@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -117,7 +118,9 @@ func TestGuestServiceRivalsOf(t *testing.T) {
 		name   string
 		self   guestnetv1.GuestIngress
 		others []guestnetv1.GuestIngress
-		want   GuestServiceRivals
+		// ineligible names the GuestIngresses that may hold nothing (not admitted, paused, ...).
+		ineligible []string
+		want       GuestServiceRivals
 	}{
 		{name: "alone", self: gi("web", 5)},
 		{name: "the oldest owns it", self: gi("web", 5), others: []guestnetv1.GuestIngress{gi("old", 1), gi("new", 9)}, want: GuestServiceRivals{Owner: "old"}},
@@ -136,6 +139,22 @@ func TestGuestServiceRivalsOf(t *testing.T) {
 			others: []guestnetv1.GuestIngress{gi("old", 1, deleting, holds)},
 			want:   GuestServiceRivals{Holder: "old"},
 		},
+		{
+			name: "an older one that may hold nothing (not admitted, say) owns nothing: the next one does",
+			self: gi("web", 5), others: []guestnetv1.GuestIngress{gi("oldest", 1), gi("old", 2)}, ineligible: []string{"oldest"},
+			want: GuestServiceRivals{Owner: "old"},
+		},
+		{
+			name: "... but until it has given the Service back, it holds it",
+			self: gi("web", 5), others: []guestnetv1.GuestIngress{gi("oldest", 1, holds)}, ineligible: []string{"oldest"},
+			want: GuestServiceRivals{Holder: "oldest"},
+		},
+		{
+			name: "this one may hold nothing and a newer one may: the newer owns it (this one gives it back)",
+			self: gi("web", 1), others: []guestnetv1.GuestIngress{gi("new", 9)}, ineligible: []string{"web"},
+			want: GuestServiceRivals{Owner: "new"},
+		},
+		{name: "none may hold anything: nobody else owns it", self: gi("web", 5), others: []guestnetv1.GuestIngress{gi("old", 1)}, ineligible: []string{"web", "old"}},
 		{name: "itself in the list", self: gi("web", 5, holds), others: []guestnetv1.GuestIngress{gi("web", 5, holds)}},
 		{
 			name: "another Cluster's, another namespace's: another guest",
@@ -149,7 +168,8 @@ func TestGuestServiceRivalsOf(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			self := tt.self
-			NewWithT(t).Expect(GuestServiceRivalsOf(&self, tt.others)).To(Equal(tt.want))
+			eligible := func(g *guestnetv1.GuestIngress) bool { return !slices.Contains(tt.ineligible, g.Name) }
+			NewWithT(t).Expect(GuestServiceRivalsOf(&self, tt.others, eligible)).To(Equal(tt.want))
 		})
 	}
 }
