@@ -22,6 +22,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
 
 // Two GuestIngresses of one Cluster name the same guest Service with different ports. The
@@ -72,6 +73,58 @@ func TestGuestIngressGuestService_OneGuestIngressPerGuestService(t *testing.T) {
 
 	e.g.Expect(e.host.Delete(e.ctx, second)).To(Succeed())
 	e.eventuallyGone(second)
+	e.expectGivenBack("envoy", before)
+}
+
+// The owner stops being admitted (here: the test's own admission decision, by a label): it
+// may hold nothing any more, so it gives the guest Service back, and the second GuestIngress,
+// refused until then, takes it. Admitted again, the first is the owner again: the second
+// gives the Service back and the first takes it; the record is what the user had each time.
+func TestGuestIngressGuestService_AnOwnerThatMayHoldNothingGivesTheServiceBack(t *testing.T) {
+	t.Parallel()
+	const refuseLabel = "test.guestnet.dev/refuse"
+	admit := func(in policy.Input) policy.Decision {
+		if in.GuestIngress.Labels[refuseLabel] == "yes" {
+			return policy.Decision{Reason: guestnetv1.NotAllowedReason, Message: "the test refuses it"}
+		}
+		return policy.Admit(in)
+	}
+	e := newPhaseEnv(t, envOptions{setup: admitSetup(admit)})
+	before := e.createGuestService(corev1.ServiceTypeClusterIP, nil)
+	gc := e.createCluster("tenant-a", 1)
+	first := e.createGuestIngress("web", gc.Name)
+	e.eventuallyReady(first)
+	second := e.createGuestIngress("web-2", gc.Name, func(gi *guestnetv1.GuestIngress) {
+		gi.Spec.Ports = []guestnetv1.IngressPort{{Name: "https", Port: 443, NodePort: ptr.To(e.nodePort(5))}}
+		gi.Spec.LoadBalancer.IP = e.ip(11)
+	})
+	e.eventuallyCondition(second, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceClaimedReason)
+
+	setRefused := func(value string) {
+		t.Helper()
+		e.updateGuestIngress(first, func(gi *guestnetv1.GuestIngress) { gi.Labels = map[string]string{refuseLabel: value} })
+	}
+	setRefused("yes")
+	e.eventuallyCondition(first, guestnetv1.AdmittedCondition, metav1.ConditionFalse, guestnetv1.NotAllowedReason)
+	e.eventuallyReady(second)
+	e.g.Eventually(func() *guestnetv1.ObjectReference { return e.getGuestIngress(first).Status.GuestService }).
+		WithTimeout(waitTimeout).WithPolling(poll).Should(BeNil(), "the first gave the Service back")
+	svc := e.getGuestService()
+	e.g.Expect(svc.Spec.Ports[1].NodePort).To(Equal(e.nodePort(5)))
+	e.g.Expect(svc.Annotations[guestnetv1.OriginalGuestServiceAnnotation]).To(Equal(`{"type":"ClusterIP","nodePorts":[{"port":443,"protocol":"TCP"}]}`))
+
+	setRefused("no")
+	e.eventuallyCondition(second, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceClaimedReason)
+	e.eventuallyReady(first)
+	svc = e.getGuestService()
+	e.g.Expect([]int32{svc.Spec.Ports[0].NodePort, svc.Spec.Ports[1].NodePort}).To(Equal([]int32{e.nodePort(0), e.nodePort(1)}))
+	e.g.Expect(svc.Annotations[guestnetv1.OriginalGuestServiceAnnotation]).
+		To(Equal(`{"type":"ClusterIP","nodePorts":[{"port":80,"protocol":"TCP"},{"port":443,"protocol":"TCP"}]}`))
+
+	for _, gi := range []*guestnetv1.GuestIngress{second, first} {
+		e.g.Expect(e.host.Delete(e.ctx, gi)).To(Succeed())
+		e.eventuallyGone(gi)
+	}
 	e.expectGivenBack("envoy", before)
 }
 
