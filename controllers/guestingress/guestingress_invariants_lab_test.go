@@ -91,7 +91,7 @@ func TestGuestIngressInvariants_AHolderIsNeverDisplaced(t *testing.T) {
 	// The older one's Cluster appears: it is refused, naming the holder.
 	second.createCluster("tenant-b", 1)
 	c := second.eventuallyCondition(older, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPConflictReason)
-	second.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by GuestIngress %s/web", first.ip(10), first.ns))
+	second.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by another namespace's GuestIngress (it holds them on the host)", first.ip(10)))
 	keeps := func(what string) {
 		t.Helper()
 		second.g.Consistently(func(g Gomega) {
@@ -156,7 +156,8 @@ func TestGuestIngressInvariants_AnAdminPoolIsNeverDisabled(t *testing.T) {
 		gi.Spec.LoadBalancer.CIDRs = []string{e.lbNet + ".88/29"}
 	})
 	c := e.eventuallyCondition(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("CiliumLoadBalancerIPPool admin-%s", e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s.88/29 are in a pool of the platform", e.lbNet))
+	e.g.Expect(c.Message).NotTo(ContainSubstring("admin-"+e.ns), "the platform's pools are not named to the tenant")
 	e.g.Consistently(func() error { _, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-web"); return err }).
 		WithTimeout(2 * time.Second).Should(Satisfy(apierrors.IsNotFound))
 	e.g.Expect(conditions.Get(e.getGuestIngress(gi), guestnetv1.ReadyCondition).Reason).To(Equal(guestnetv1.PoolConflictReason))

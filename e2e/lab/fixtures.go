@@ -60,6 +60,15 @@ type WorkerTemplateOptions struct {
 	// list (every port is forwarded into the VM).
 	Ports    []int32
 	UDPPorts []int32
+	// VMNamespace, when set, is virtualMachineTemplate.metadata.namespace: CAPK creates the
+	// VMs there instead of in the Cluster's namespace.
+	VMNamespace string
+	// VMILabels are more labels of the VMI template (virtualMachineTemplate.spec.template
+	// .metadata.labels), which KubeVirt copies to the virt-launcher pod.
+	VMILabels map[string]string
+	// As creates the template: a tenant's identity (a KubevirtMachineTemplate is the
+	// tenant's to write); the lab's admin when nil.
+	As client.Client
 }
 
 // CreateGuestCluster creates, in the host namespace ns, what CAPI and CAPK hold for a guest
@@ -133,7 +142,11 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
 	}
 
-	if err := c.Create(ctx, workerTemplate(ns, gc.WorkerTemplate, tmpl)); err != nil {
+	templateWriter := c
+	if tmpl.As != nil {
+		templateWriter = tmpl.As
+	}
+	if err := templateWriter.Create(ctx, workerTemplate(ns, gc.WorkerTemplate, tmpl)); err != nil {
 		return nil, fmt.Errorf("creating KubevirtMachineTemplate: %w", err)
 	}
 	md := &clusterv1.MachineDeployment{
@@ -249,22 +262,31 @@ func workerTemplate(ns, name string, opts WorkerTemplateOptions) *unstructured.U
 		}
 		iface["ports"] = ports
 	}
+	vmMetadata := map[string]any{"labels": map[string]any{VMTemplateLabel: name}}
+	if opts.VMNamespace != "" {
+		vmMetadata["namespace"] = opts.VMNamespace
+	}
+	vmiTemplate := map[string]any{"spec": map[string]any{
+		"domain": map[string]any{
+			"cpu":     map[string]any{"cores": int64(2)},
+			"memory":  map[string]any{"guest": "4Gi"},
+			"devices": map[string]any{"interfaces": []any{iface}},
+		},
+		"networks": []any{map[string]any{"name": "default", "pod": map[string]any{}}},
+	}}
+	if len(opts.VMILabels) > 0 {
+		vmiLabels := map[string]any{}
+		for k, v := range opts.VMILabels {
+			vmiLabels[k] = v
+		}
+		vmiTemplate["metadata"] = map[string]any{"labels": vmiLabels}
+	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
 			"virtualMachineBootstrapCheck": map[string]any{"checkStrategy": "none"},
 			"virtualMachineTemplate": map[string]any{
-				"metadata": map[string]any{"labels": map[string]any{VMTemplateLabel: name}},
-				"spec": map[string]any{
-					"runStrategy": "Always",
-					"template": map[string]any{"spec": map[string]any{
-						"domain": map[string]any{
-							"cpu":     map[string]any{"cores": int64(2)},
-							"memory":  map[string]any{"guest": "4Gi"},
-							"devices": map[string]any{"interfaces": []any{iface}},
-						},
-						"networks": []any{map[string]any{"name": "default", "pod": map[string]any{}}},
-					}},
-				},
+				"metadata": vmMetadata,
+				"spec":     map[string]any{"runStrategy": "Always", "template": vmiTemplate},
 			},
 		}}},
 	}}

@@ -58,7 +58,7 @@ func checkGuest(s *State) Result {
 
 // workerPods are the pods the worker selector selects: the worker VMs' virt-launcher pods.
 func workerPods(s *State) []corev1.Pod {
-	return matchingPods(s.Pods, virtlauncher.WorkerSelector(s.ClusterName))
+	return matchingPods(s.Pods, virtlauncher.WorkerSelector(s.Namespace, s.ClusterName))
 }
 
 func matchingPods(pods []corev1.Pod, selector map[string]string) []corev1.Pod {
@@ -91,7 +91,7 @@ func countReady(pods []corev1.Pod) int {
 // against the replicas the MachineDeployments want.
 func checkWorkers(s *State) Result {
 	r := Result{Check: CheckWorkers}
-	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(s.ClusterName))
+	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(s.Namespace, s.ClusterName))
 	pods := workerPods(s)
 	ready := countReady(pods)
 	var desired int32
@@ -167,7 +167,7 @@ func vmTemplateLabelKeys(workers []ports.Workers) map[string]bool {
 			}
 		}
 	}
-	for k := range virtlauncher.WorkerSelector("") {
+	for k := range virtlauncher.WorkerSelector("", "") {
 		delete(keys, k)
 	}
 	return keys
@@ -199,7 +199,7 @@ func slicesOf(s *State, service string) []discoveryv1.EndpointSlice {
 // forwards to ports the workers declare.
 func checkServices(s *State) []Result {
 	var out []Result
-	workerSel := virtlauncher.WorkerSelector(s.ClusterName)
+	workerSel := virtlauncher.WorkerSelector(s.Namespace, s.ClusterName)
 	vmKeys := vmTemplateLabelKeys(s.Workers)
 	for _, svc := range hostServices(s) {
 		r := Result{Check: CheckService, Object: svc.Name}

@@ -143,6 +143,10 @@ func checkAdmission(s *State, gi *guestnetv1.GuestIngress) Result {
 		return r
 	}
 	r.Verdict, r.Detail = Fail, fmt.Sprintf("not admitted (%s): %s", d.Reason, d.Message)
+	if d.Detail != "" {
+		// diagnose is the admin's: it says what the tenant's message leaves out.
+		r.Detail += " " + d.Detail
+	}
 	switch d.Reason {
 	case guestnetv1.NoPolicyReason:
 		r.Fix = fmt.Sprintf("the host admin creates a GuestIngressPolicy whose namespaceSelector selects namespace %s (e.g. "+

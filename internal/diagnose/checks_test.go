@@ -41,7 +41,7 @@ func TestDiagnose_HealthyStateIsAllOK(t *testing.T) {
 		find(t, rep, item.check, item.object)
 	}
 	g.Expect(find(t, rep, CheckWorkers, "").Detail).To(ContainSubstring(
-		"2 virt-launcher pods (2 ready) match cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
+		"2 virt-launcher pods (2 ready) match capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
 	g.Expect(find(t, rep, CheckAPIService, metricsAPI).Detail).To(Equal(
 		"Available=True through GuestWebhookBridge webhooks (guest Service kube-system/metrics-server:443, host Service tenant-a-kube-system-metrics-server) (certificate not verified: insecureSkipTLSVerify)"))
 	g.Expect(find(t, rep, CheckValidatingWebhook, cmConfig+"/"+cmWebhook).Detail).To(ContainSubstring(
@@ -95,7 +95,7 @@ func TestDiagnose_ServiceSelectingByVMTemplateLabelsFails(t *testing.T) {
 	r := find(t, Diagnose(s), CheckService, "ingress")
 	g.Expect(r.Verdict).To(Equal(Fail))
 	g.Expect(r.Detail).To(ContainSubstring("its selector example.com/pool=md-0 uses example.com/pool of virtualMachineTemplate.metadata.labels, which KubeVirt does not copy to virt-launcher pods"))
-	g.Expect(r.Fix).To(ContainSubstring("select the workers with cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
+	g.Expect(r.Fix).To(ContainSubstring("select the workers with capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
 	g.Expect(r.Runbook).To(Equal("docs/runbook.md#ingress-no-endpoints"))
 
 	// A Service of someone else that selects nothing of the cluster is none of diagnose's business.
@@ -676,5 +676,5 @@ func TestDiagnose_PodsNotReadable(t *testing.T) {
 	s.EndpointSlices[1].Endpoints = nil
 	r := find(t, Diagnose(s), CheckService, cmHostService)
 	g.Expect(r.Verdict).To(Equal(Fail))
-	g.Expect(r.Detail).To(HavePrefix("no ready endpoint (0 endpoints) for its selector cluster.x-k8s.io/cluster-name=tenant-a"))
+	g.Expect(r.Detail).To(HavePrefix("no ready endpoint (0 endpoints) for its selector capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a"))
 }
