@@ -166,7 +166,7 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 		}).WithTimeout(giTimeout).Should(Succeed())
 		e.expectNothingOnTheHost(t, taker)
 		g.Consistently(func() string { return getGuestIngress(t, e.l, holder).Status.LoadBalancerIP }).
-			WithTimeout(3 * time.Second).Should(Equal("10.98.131.5"), "the holder keeps its IP")
+			WithTimeout(3*time.Second).Should(Equal("10.98.131.5"), "the holder keeps its IP")
 	})
 }
 
