@@ -131,7 +131,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	state, err := Gather(ctx, host, gather)
 	if err != nil {
-		fmt.Fprintf(stderr, "manager diagnose: reading the host cluster: %v\n", err)
+		fmt.Fprintf(stderr, "manager diagnose: reading the host cluster: %s\n", terminalSafe(err.Error()))
 		return ExitUsage
 	}
 	if o.probe {
