@@ -49,7 +49,7 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 			"every-node": {},
 			"no-edge":    {MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "node-role.kubernetes.io/edge", Operator: metav1.LabelSelectorOpDoesNotExist}}},
 		} {
-			gi := e.newGuestIngress("nodes-"+name, map[string]string{"every-node": "10.98.130.10", "no-edge": "10.98.130.11"}[name])
+			gi := e.ownGuestIngress(t, "nodes-"+name, map[string]string{"every-node": "10.98.130.10", "no-edge": "10.98.130.11"}[name])
 			gi.Spec.LoadBalancer.L2.NodeSelector = own
 			g.Expect(e.tenant.Create(e.ctx, gi)).To(Succeed())
 			if c := e.eventuallyAdmittedEither(t, gi); c.Status == metav1.ConditionFalse {
@@ -72,7 +72,7 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 
 	// An IP outside the offered shared pool, though inside the policy's addresses.
 	t.Run("poolref-ip-outside", func(t *testing.T) {
-		gi := e.newGuestIngress("poolref-outside", "10.98.130.50")
+		gi := e.ownGuestIngress(t, "poolref-outside", "10.98.130.50")
 		gi.Spec.LoadBalancer.PoolRef = &guestnetv1.PoolReference{Name: shared}
 		NewWithT(t).Expect(e.tenant.Create(e.ctx, gi)).To(Succeed())
 		c := e.eventuallyAdmitted(t, gi, metav1.ConditionFalse)
@@ -105,7 +105,7 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 	// not admit.
 	t.Run("edit-host-service", func(t *testing.T) {
 		g := NewWithT(t)
-		gi := e.newGuestIngress("edited", "10.98.130.20")
+		gi := e.ownGuestIngress(t, "edited", "10.98.130.20")
 		g.Expect(e.tenant.Create(e.ctx, gi)).To(Succeed())
 		e.eventuallyAdmitted(t, gi, metav1.ConditionTrue)
 		svc := e.eventuallyHostService(t, gi)
@@ -130,7 +130,7 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 	// nothing, and this tenant keeps the IP.
 	t.Run("shared-pool-ip-of-another-tenant", func(t *testing.T) {
 		g := NewWithT(t)
-		holder := e.newGuestIngress("holder", "10.98.131.5")
+		holder := e.ownGuestIngress(t, "holder", "10.98.131.5")
 		holder.Spec.LoadBalancer.PoolRef = &guestnetv1.PoolReference{Name: shared}
 		g.Expect(e.tenant.Create(e.ctx, holder)).To(Succeed())
 		e.eventuallyAdmitted(t, holder, metav1.ConditionTrue)
@@ -168,6 +168,25 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 		g.Consistently(func() string { return getGuestIngress(t, e.l, holder).Status.LoadBalancerIP }).
 			WithTimeout(3*time.Second).Should(Equal("10.98.131.5"), "the holder keeps its IP")
 	})
+}
+
+// ownGuestIngress is newGuestIngress with a guest Service of its own (a guest Service has one
+// GuestIngress) on nodePorts of its own, whose ports guestnet does not declare on the workers
+// (no rollout: these tests are about the host objects). The nodePorts are the test's own 4..9
+// and those of 10.98.131 (10..19), which no test environment uses (the pool's network here).
+func (e *securityEnv) ownGuestIngress(t *testing.T, name, ip string) *guestnetv1.GuestIngress {
+	t.Helper()
+	i := int32(len(e.ownGuestServices))
+	if i > 7 {
+		t.Fatalf("ownGuestIngress: out of nodePorts")
+	}
+	http, https := e.nodePort(4+2*i), e.nodePort(5+2*i)
+	svc := createContourService(t, e.l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
+	e.ownGuestServices = append(e.ownGuestServices, svc)
+	gi := newGuestIngress(e.ns, name, e.gc.Name, svc, ip, ptr.To(http), ptr.To(https))
+	gi.Labels = map[string]string{clusterv1.WatchLabel: e.filter}
+	gi.Spec.DeclarePorts = ptr.To(false)
+	return gi
 }
 
 // eventuallyAdmittedEither waits until the GuestIngress's Admitted condition is decided.

@@ -435,6 +435,8 @@ type securityEnv struct {
 	lbNet        string
 	// nodePortBase is the first of the test's 10 guest nodePorts (the guest is shared).
 	nodePortBase int32
+	// ownGuestServices are the guest Services ownGuestIngress made.
+	ownGuestServices []*corev1.Service
 }
 
 func (e *securityEnv) nodePort(i int32) int32 { return e.nodePortBase + i }
