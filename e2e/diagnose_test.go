@@ -168,7 +168,7 @@ func TestDiagnose_HealthyClusterIsAllOK(t *testing.T) {
 	g.Expect(rep.Verdict).To(Equal(diagnose.OK))
 	for _, item := range []struct{ check, object, detail string }{
 		{diagnose.CheckGuest, "", "the guest apiserver (v1.37.2) answers through Secret " + ns + "/tenant-a-kubeconfig"},
-		{diagnose.CheckWorkers, "", "2 virt-launcher pods (2 ready) match cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"},
+		{diagnose.CheckWorkers, "", "2 virt-launcher pods (2 ready) match capk.cluster.x-k8s.io/kubevirt-machine-namespace=" + ns + ",cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"},
 		{diagnose.CheckService, "tenant-a-web", "2 of 2 endpoints ready"},
 		{diagnose.CheckLoadBalancer, "tenant-a-web", "IP 10.98.9.10"},
 		{diagnose.CheckService, hostService, "2 of 2 endpoints ready"},
@@ -251,7 +251,7 @@ func TestDiagnose_BrokenClusterFails(t *testing.T) {
 		{check: diagnose.CheckWorkers, verdict: diagnose.OK, detail: "2 virt-launcher pods (2 ready)"},
 		{check: diagnose.CheckService, object: "by-vm-template-labels", verdict: diagnose.Fail,
 			detail:  "uses " + lab.VMTemplateLabel + " of virtualMachineTemplate.metadata.labels, which KubeVirt does not copy to virt-launcher pods",
-			fix:     "select the workers with cluster.x-k8s.io/cluster-name=tenant-b,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher",
+			fix:     "select the workers with capk.cluster.x-k8s.io/kubevirt-machine-namespace=" + ns + ",cluster.x-k8s.io/cluster-name=tenant-b,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher",
 			runbook: "docs/runbook.md#ingress-no-endpoints"},
 		{check: diagnose.CheckPorts, object: gc.MachineDeployment, verdict: diagnose.Fail,
 			detail: "KubevirtMachineTemplate " + gc.WorkerTemplate + " lacks 8473/UDP (Cilium VXLAN tunnel), 30080/TCP (Cluster annotation " + guestnetv1.ExtraWorkerPortsAnnotation + ")",

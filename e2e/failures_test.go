@@ -103,7 +103,7 @@ func TestFieldFailure_HostServiceByVMTemplateLabelsHasNoEndpoints(t *testing.T) 
 
 	byVMLabels, err := lab.HostServiceForWorkers(ctx, host, ns, "by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate})
 	g.Expect(err).NotTo(HaveOccurred())
-	byCAPILabels, err := lab.HostServiceForWorkers(ctx, host, ns, "by-capi-labels", virtlauncher.WorkerSelector(gc.Name))
+	byCAPILabels, err := lab.HostServiceForWorkers(ctx, host, ns, "by-capi-labels", virtlauncher.WorkerSelector(gc.Namespace, gc.Name))
 	g.Expect(err).NotTo(HaveOccurred())
 
 	g.Eventually(func() []string { return readyEndpointAddresses(t, l, ns, byCAPILabels.Name) }).

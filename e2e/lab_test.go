@@ -70,7 +70,7 @@ func TestLab_CiliumStandInServesHostClusterIPs(t *testing.T) {
 		g.Expect(w.ServeMachineName(lab.WorkerServicePort)).To(Succeed())
 		workers = append(workers, w)
 	}
-	svc, err := lab.HostServiceForWorkers(ctx, l.Host.Client, ns, "workers", virtlauncher.WorkerSelector(gc.Name))
+	svc, err := lab.HostServiceForWorkers(ctx, l.Host.Client, ns, "workers", virtlauncher.WorkerSelector(gc.Namespace, gc.Name))
 	g.Expect(err).NotTo(HaveOccurred())
 	nobody, err := lab.HostServiceForWorkers(ctx, l.Host.Client, ns, "nobody", map[string]string{"app": "nobody"})
 	g.Expect(err).NotTo(HaveOccurred())

@@ -265,7 +265,7 @@ func TestThirdPartyLab_HandMadeBridgeReachesCertManagerWebhook(t *testing.T) {
 	hostSvc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: uniqueName("cm-webhook")},
 		Spec: corev1.ServiceSpec{
-			Selector: virtlauncher.WorkerSelector(tp.Cluster.Name),
+			Selector: virtlauncher.WorkerSelector(tp.Cluster.Namespace, tp.Cluster.Name),
 			Ports:    []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(nodePort)}},
 		},
 	}

@@ -54,6 +54,11 @@ const (
 	// HostObjectRejectedReason: the host apiserver refused a host object guestnet built from
 	// the spec; the message quotes it.
 	HostObjectRejectedReason = "HostObjectRejected"
+	// GuestServiceClaimedReason: another GuestIngress of the same Cluster exposes the guest
+	// Service of spec.guestService (one GuestIngress per guest Service: the oldest), or has
+	// not given it back yet; guestnet changes nothing for this one, in the guest or on the
+	// host, and the message names the other GuestIngress (always one of this namespace).
+	GuestServiceClaimedReason = "GuestServiceClaimed"
 )
 
 // OriginalGuestServiceAnnotation records, on the guest Service, what the Service had in each
@@ -265,6 +270,13 @@ type GuestIngressStatus struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=16
 	Ports []IngressPortStatus `json:"ports,omitempty"`
+
+	// guestService is the guest Service guestnet may have changed for this GuestIngress and
+	// has not given back yet: stored before guestnet first writes to it, removed once it gave
+	// the Service back (spec.guestService changed, another GuestIngress owns it, or the
+	// GuestIngress is deleted). It is what a change of spec.guestService gives back.
+	// +optional
+	GuestService *ObjectReference `json:"guestService,omitempty"`
 
 	// observedGeneration is the generation this status was computed for.
 	// +optional

@@ -16,7 +16,8 @@ const (
 	// NoPolicyReason: no GuestIngressPolicy selects the GuestIngress's namespace.
 	NoPolicyReason = "NoPolicy"
 	// NotAllowedReason: the policies that select the namespace do not allow something the
-	// GuestIngress asks for; the message names it and which policy would allow it.
+	// GuestIngress asks for; the message names it (and whether a policy of other namespaces,
+	// unnamed, would allow it).
 	NotAllowedReason = "NotAllowed"
 	// QuotaExceededReason: the namespace already has as many GuestIngresses as the policy allows.
 	QuotaExceededReason = "QuotaExceeded"

@@ -280,6 +280,11 @@ func (in *GuestIngressStatus) DeepCopyInto(out *GuestIngressStatus) {
 		*out = make([]IngressPortStatus, len(*in))
 		copy(*out, *in)
 	}
+	if in.GuestService != nil {
+		in, out := &in.GuestService, &out.GuestService
+		*out = new(ObjectReference)
+		**out = **in
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))

@@ -25,6 +25,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -85,6 +86,9 @@ type Reconciler struct {
 // scope is what one reconcile of a GuestIngress works with.
 type scope struct {
 	guestIngress *guestnetv1.GuestIngress
+	// before is the GuestIngress as read, the base of the deferred status patch; a write of
+	// the status during the reconcile (storeGuestService) moves it on.
+	before *guestnetv1.GuestIngress
 	// cluster is the CAPI Cluster named by spec.clusterName; nil when it does not exist.
 	cluster *clusterv1.Cluster
 	// paused is true when CAPI pause applies: then only the Paused condition is written.
@@ -125,7 +129,8 @@ type scope struct {
 // (pause, provisioning, creation and deletion change what a GuestIngress reports), the
 // ClusterCache's connect/disconnect events, the host objects it creates (Service,
 // EndpointSlices, pool, L2 policy), every pool (a poolRef's, an admin's that a claim overlaps),
-// the other GuestIngresses whose IP claims collide, GuestIngressPolicies and namespace labels
+// the other GuestIngresses whose IP claims collide or that name the same guest Service,
+// GuestIngressPolicies and namespace labels
 // (admission), the kubeconfig Secrets (a guest gone for good) and, through the ClusterCache,
 // the guest's Services (see watchGuestServices): nothing waits for a resync.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
@@ -183,6 +188,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.collidingGuestIngresses)).
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),
 			builder.WithPredicates(createOrDelete)).
+		// One GuestIngress per guest Service: the others of the Cluster that name or hold a
+		// guest Service are decided again when one takes, gives back or stops naming it.
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.guestServiceRivalsOf)).
 		// Admission: the GuestIngressPolicies, and the labels of the namespaces they select.
 		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses)).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),
@@ -270,6 +278,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 
 	// What was read: the deferred patch writes what the reconcile changed since.
 	before := guestIngress.DeepCopy()
+	s.before = before
 	defer func() {
 		if err := r.patch(ctx, before, s, reterr == nil); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
@@ -329,5 +338,12 @@ func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress,
 		return err
 	}
 	record.Conditions(r.recorder, gi, before.Status.Conditions)
+	if written && s.observed != nil && s.plan != nil {
+		// The conditions name only the tenant's own objects; what they leave out is the
+		// admin's, logged with each status they were written with.
+		for _, detail := range ingress.Withheld(gi, s.observed, s.plan) {
+			ctrl.LoggerFrom(ctx).Info("Not in the GuestIngress's conditions (not the tenant's to read): "+detail, "reason", conditions.GetReason(gi, guestnetv1.ReadyCondition))
+		}
+	}
 	return nil
 }

@@ -91,7 +91,7 @@ func TestGuestIngressInvariants_AHolderIsNeverDisplaced(t *testing.T) {
 	// The older one's Cluster appears: it is refused, naming the holder.
 	second.createCluster("tenant-b", 1)
 	c := second.eventuallyCondition(older, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPConflictReason)
-	second.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by GuestIngress %s/web", first.ip(10), first.ns))
+	second.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by another namespace's GuestIngress (it holds them on the host)", first.ip(10)))
 	keeps := func(what string) {
 		t.Helper()
 		second.g.Consistently(func(g Gomega) {
@@ -156,7 +156,8 @@ func TestGuestIngressInvariants_AnAdminPoolIsNeverDisabled(t *testing.T) {
 		gi.Spec.LoadBalancer.CIDRs = []string{e.lbNet + ".88/29"}
 	})
 	c := e.eventuallyCondition(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("CiliumLoadBalancerIPPool admin-%s", e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s.88/29 are in a pool of the platform", e.lbNet))
+	e.g.Expect(c.Message).NotTo(ContainSubstring("admin-"+e.ns), "the platform's pools are not named to the tenant")
 	e.g.Consistently(func() error { _, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-web"); return err }).
 		WithTimeout(2 * time.Second).Should(Satisfy(apierrors.IsNotFound))
 	e.g.Expect(conditions.Get(e.getGuestIngress(gi), guestnetv1.ReadyCondition).Reason).To(Equal(guestnetv1.PoolConflictReason))
@@ -448,15 +449,21 @@ func TestGuestIngressInvariants_InputAdmissionCannotCheckIsACondition(t *testing
 
 // --- helpers --------------------------------------------------------------------------------
 
-// createUnreachableCluster creates a provisioned Cluster whose <cluster>-kubeconfig Secret
-// points at an address nothing listens on: the ClusterCache never connects.
+// unreachableEndpoint is a lab address nothing listens on (10.244.0.0/16 is local in the
+// lab's network namespace: a connection is refused at once).
+var unreachableEndpoint = clusterv1.APIEndpoint{Host: "10.244.0.254", Port: 1}
+
+// createUnreachableCluster creates a provisioned Cluster whose control plane endpoint, and
+// the server of its <cluster>-kubeconfig Secret, is an address nothing listens on: the
+// ClusterCache never connects.
 func (e *phaseEnv) createUnreachableCluster(name string) {
 	e.t.Helper()
 	cluster := &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: e.labels()},
 		Spec: clusterv1.ClusterSpec{
-			ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "KubevirtCluster", Name: name},
+			ControlPlaneEndpoint: unreachableEndpoint,
+			ControlPlaneRef:      clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
+			InfrastructureRef:    clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "KubevirtCluster", Name: name},
 		},
 	}
 	e.g.Expect(e.host.Create(e.ctx, cluster)).To(Succeed())
@@ -465,7 +472,7 @@ func (e *phaseEnv) createUnreachableCluster(name string) {
 	cfg, err := clientcmd.Load(e.l.Guest.Kubeconfig)
 	e.g.Expect(err).NotTo(HaveOccurred())
 	for _, c := range cfg.Clusters {
-		c.Server = "https://127.0.0.1:1"
+		c.Server = "https://" + unreachableEndpoint.String()
 	}
 	kubeconfig, err := clientcmd.Write(*cfg)
 	e.g.Expect(err).NotTo(HaveOccurred())

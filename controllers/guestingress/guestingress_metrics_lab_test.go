@@ -56,7 +56,7 @@ func TestGuestIngressMetrics_RepairsAndReadyReason(t *testing.T) {
 		return e.host.Update(e.ctx, svc, client.FieldOwner("kubectl-edit"))
 	})).To(Succeed())
 	e.g.Eventually(func() map[string]string { return e.getHostService("tenant-a-web").Spec.Selector }).
-		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector("tenant-a")))
+		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector(e.ns, "tenant-a")))
 	after := metricstest.Series(e.g, ctrlmetrics.Registry, metrics.RepairsName, "kind")
 	e.g.Expect(after[string(metrics.RepairHostService)] - before[string(metrics.RepairHostService)]).To(BeNumerically(">=", 1))
 	for _, k := range metrics.RepairKinds {

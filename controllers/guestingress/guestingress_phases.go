@@ -46,6 +46,7 @@ const (
 	eventActionApply    = "Apply"
 	eventActionDelete   = "Delete"
 	eventActionRestore  = "Restore"
+	eventRecorded       = "Recorded"
 	guestServiceWatcher = controllerName + "-guest-services"
 )
 
@@ -91,6 +92,10 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	}
 	w, o := s.world, s.host
 	o.Cluster, o.GuestReachable = s.cluster, s.guestClient != nil
+	var err error
+	if o.GuestServiceRivals, err = r.guestServiceRivals(ctx, w, gi); err != nil {
+		return err
+	}
 	if o.Eligible() {
 		o.Self = ingress.Claimant{GuestIngress: gi, Held: w.held(gi), Eligible: true}
 		o.Claimants = ingress.Entangled(o.Self, w.claimants(gi))
@@ -235,6 +240,23 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 	}
 	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName}
 	return in, r.Admit(in), nil
+}
+
+// guestServiceRivals are the GuestIngresses of gi's Cluster that own or still hold its guest
+// Service (ingress.GuestServiceRivalsOf); one owns it only while it may hold anything
+// (eligible), as a claim of address space: an older one refused by its policy does not keep
+// a newer admitted one from the Service.
+func (r *Reconciler) guestServiceRivals(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (ingress.GuestServiceRivals, error) {
+	var err error
+	rivals := ingress.GuestServiceRivalsOf(gi, w.guestIngresses, func(other *guestnetv1.GuestIngress) bool {
+		if err != nil {
+			return false
+		}
+		var ok bool
+		ok, err = r.eligible(ctx, w, other)
+		return ok
+	})
+	return rivals, err
 }
 
 // claimants are the other GuestIngresses as claimants, with what each holds on the host
@@ -412,8 +434,14 @@ func (r *Reconciler) watchGuestServices(ctx context.Context, s *scope) error {
 // result (a condition), not returned.
 func (r *Reconciler) apply(ctx context.Context, s *scope) error {
 	o, p := s.observed, s.plan
-	res := &ingress.Result{GuestService: o.GuestService, HostService: o.HostService}
+	res := &ingress.Result{GuestService: o.GuestService, HostService: o.HostService, HeldGuestService: s.guestIngress.Status.GuestService}
 	s.result = res
+	if err := r.giveBackHeldGuestService(ctx, s); err != nil {
+		return err
+	}
+	if p.TakesGuestService && res.HeldGuestService == nil {
+		res.HeldGuestService = s.guestIngress.Spec.GuestService.DeepCopy()
+	}
 	if p.Withdraw {
 		res.HostService = nil
 		// What observeHost found (the host Service also past the cache, whose labels a tenant
@@ -441,13 +469,50 @@ func (r *Reconciler) apply(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// applyGuestService applies the guest Service's configuration unless it is up to date.
-func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
-	gi, res, desired := s.guestIngress, s.result, s.plan.GuestService
-	if desired == nil || s.observed.GuestService == nil {
+// giveBackHeldGuestService gives back the guest Service the plan releases (the one
+// status.guestService names, which this GuestIngress no longer takes), restored and released
+// as at deletion (releaseGuestService). It stays held while that cannot be done (the guest
+// cannot be reached): nothing else is taken meanwhile.
+func (r *Reconciler) giveBackHeldGuestService(ctx context.Context, s *scope) error {
+	held := s.plan.ReleaseGuestService
+	if held == nil || s.guestClient == nil {
 		return nil
 	}
-	if upToDate, err := ssa.ServiceUpToDate(desired, s.observed.GuestService); err != nil || upToDate {
+	released, err := r.releaseGuestService(ctx, s, client.ObjectKey{Namespace: held.Namespace, Name: held.Name})
+	if err != nil || !released {
+		return err
+	}
+	s.result.HeldGuestService = nil
+	return nil
+}
+
+// applyGuestService applies the guest Service's configuration unless it is up to date. The
+// nodePorts of ports guestnet no longer fixes are given back first (giveBackDropped), and
+// status.guestService names the Service before anything is written to it
+// (storeGuestService).
+func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
+	gi, res, desired := s.guestIngress, s.result, s.plan.GuestService
+	live := s.observed.GuestService
+	if desired == nil || live == nil || !sameRef(res.HeldGuestService, gi.Spec.GuestService) {
+		return nil // (not the Service this GuestIngress holds: the one it held is not given back yet)
+	}
+	if dropped := ingress.RestoreDropped(gi, live); len(dropped) > 0 {
+		if err := r.storeGuestService(ctx, s); err != nil {
+			return err
+		}
+		given, err := r.giveBackDropped(ctx, s, live)
+		if err != nil || given == nil {
+			return err // (gone: the guest Service watch brings the GuestIngress back)
+		}
+		live, res.GuestService = given, given
+		if desired, _ = ingress.GuestService(gi, live); desired == nil {
+			return nil
+		}
+	}
+	if upToDate, err := ssa.ServiceUpToDate(desired, live); err != nil || upToDate {
+		return err
+	}
+	if err := r.storeGuestService(ctx, s); err != nil {
 		return err
 	}
 	key := client.ObjectKey{Namespace: *desired.Namespace, Name: *desired.Name}
@@ -471,6 +536,60 @@ func (r *Reconciler) applyGuestService(ctx context.Context, s *scope) error {
 		Note: fmt.Sprintf("Applied type and fixed nodePorts to Service %s in the guest (field manager %s)", key, ownership.FieldManager)})
 	res.GuestService = applied
 	return nil
+}
+
+// giveBackDropped puts back, on the guest Service, the nodePorts the record keeps for ports
+// guestnet no longer fixes (ingress.RestoreDropped), from the Service as the guest apiserver
+// holds it (the cache may lag the record): the apply that follows drops them from guestnet's
+// fields and from the record. It returns the Service as it is then, nil when it is gone.
+func (r *Reconciler) giveBackDropped(ctx context.Context, s *scope, cached *corev1.Service) (*corev1.Service, error) {
+	reader, err := r.ClusterCache.GetUncachedClient(ctx, client.ObjectKeyFromObject(s.cluster))
+	if err != nil {
+		return nil, err
+	}
+	key := client.ObjectKeyFromObject(cached)
+	live := &corev1.Service{}
+	if err := reader.Get(ctx, key, live); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	patches := ingress.RestoreDropped(s.guestIngress, live)
+	if gone, err := r.giveBack(ctx, s.guestIngress, s.guestClient, live, patches); err != nil || gone {
+		return nil, err
+	}
+	if err := reader.Get(ctx, key, live); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return live, nil
+}
+
+// storeGuestService stores status.guestService, the Service of spec.guestService, before
+// guestnet first writes to it for this GuestIngress: a patch of that field alone, so that
+// whatever happens next (a crash, a changed spec) the GuestIngress says which Service to give
+// back. The deferred status patch then goes on from the stored version.
+func (r *Reconciler) storeGuestService(ctx context.Context, s *scope) error {
+	gi := s.guestIngress
+	if sameRef(gi.Status.GuestService, gi.Spec.GuestService) {
+		return nil
+	}
+	ref := gi.Spec.GuestService
+	written := s.before.DeepCopy()
+	written.Status.GuestService = ref.DeepCopy()
+	if err := r.Client.Status().Patch(ctx, written, client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("storing status.guestService: %w", err)
+	}
+	r.ownWrites.Replaced(client.ObjectKeyFromObject(gi), s.before.ResourceVersion)
+	for _, obj := range []*guestnetv1.GuestIngress{s.before, gi} {
+		obj.Status.GuestService = ref.DeepCopy()
+		obj.ResourceVersion = written.ResourceVersion
+	}
+	ctrl.LoggerFrom(ctx).Info(fmt.Sprintf("Stored status.guestService %s/%s before writing to that Service in the guest", ref.Namespace, ref.Name),
+		"reason", eventRecorded)
+	return nil
+}
+
+// sameRef reports whether held names the guest Service ref.
+func sameRef(held *guestnetv1.ObjectReference, ref guestnetv1.ObjectReference) bool {
+	return held != nil && *held == ref
 }
 
 // applyHostObjects applies the pool and L2 policy (or deletes guestnet's when the spec no
@@ -605,8 +724,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		}
 		if gone {
 			leftBecause = why
-		} else {
-			released, err := r.releaseGuestService(ctx, s)
+		} else if held, err := r.heldGuestService(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		} else if held != nil {
+			released, err := r.releaseGuestService(ctx, s, *held)
 			if err != nil || !released {
 				s.waitingForGuest = err == nil
 				return ctrl.Result{}, err
@@ -621,13 +742,36 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	return ctrl.Result{}, nil
 }
 
-// releaseGuestService hands the guest Service back: first the values guestnet recorded before
-// it changed them are patched back (ingress.Restore), then an apply of an empty configuration
-// drops guestnet's ownership of what is left (and the record). A value that cannot be put
-// back (its nodePort is taken by another Service by now) is reported in a Warning event and
-// left as it is. The Service is read from the guest apiserver, not a cache: the record may
-// have been written a moment ago. released is false while the guest cannot be reached.
-func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope) (bool, error) {
+// heldGuestService is the guest Service a deletion gives back: the one status.guestService
+// names. A GuestIngress without it (reconciled last by a guestnet that did not record it)
+// gives back its spec's Service if it is the one that may write to it (no other GuestIngress
+// of the Cluster owns or holds it); otherwise guestnet wrote nothing there for it. nil: none.
+func (r *Reconciler) heldGuestService(ctx context.Context, s *scope) (*client.ObjectKey, error) {
+	gi := s.guestIngress
+	ref := gi.Status.GuestService
+	if ref == nil {
+		all, err := r.conflictCandidates(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// (A legacy case: whether the older ones could hold anything is not asked again.)
+		notDeleting := func(other *guestnetv1.GuestIngress) bool { return other.DeletionTimestamp.IsZero() }
+		if rivals := ingress.GuestServiceRivalsOf(gi, all, notDeleting); rivals.Owner != "" || rivals.Holder != "" {
+			return nil, nil
+		}
+		ref = &gi.Spec.GuestService
+	}
+	return &client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, nil
+}
+
+// releaseGuestService hands the guest Service key back: first the values guestnet recorded
+// before it changed them are patched back (ingress.Restore), then an apply of an empty
+// configuration drops guestnet's ownership of what is left (and the record). A value that
+// cannot be put back (its nodePort is taken by another Service by now) is reported in a
+// Warning event and left as it is. The Service is read from the guest apiserver, not a cache:
+// the record may have been written a moment ago. released is false while the guest cannot be
+// reached.
+func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope, key client.ObjectKey) (bool, error) {
 	gi := s.guestIngress
 	if !clusterscope.IsProvisioned(s.cluster) {
 		return true, nil // never provisioned: guestnet changed nothing in the guest
@@ -638,7 +782,7 @@ func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope) (bool, e
 		s.guestErr = nil
 		var reader client.Client
 		if reader, err = r.ClusterCache.GetUncachedClient(ctx, clusterKey); err == nil {
-			return r.restoreGuestService(ctx, gi, guestClient, reader)
+			return r.restoreGuestService(ctx, gi, key, guestClient, reader)
 		}
 	}
 	s.guestErr = err
@@ -648,27 +792,14 @@ func (r *Reconciler) releaseGuestService(ctx context.Context, s *scope) (bool, e
 	return false, err
 }
 
-func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.GuestIngress, guestClient, reader client.Client) (bool, error) {
-	key := client.ObjectKey{Namespace: gi.Spec.GuestService.Namespace, Name: gi.Spec.GuestService.Name}
+func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.GuestIngress, key client.ObjectKey, guestClient, reader client.Client) (bool, error) {
 	live := &corev1.Service{}
 	if err := reader.Get(ctx, key, live); err != nil {
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	}
 	patches, _ := ingress.Restore(live)
-	for _, patch := range patches {
-		err := guestClient.Patch(ctx, live.DeepCopy(), client.RawPatch(types.JSONPatchType, patch.Patch), client.FieldOwner(ingress.RestoreFieldManager))
-		switch {
-		case apierrors.IsNotFound(err):
-			return true, nil
-		case apierrors.IsInvalid(err) || apierrors.IsConflict(err) || apierrors.IsBadRequest(err):
-			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeWarning, Reason: eventRestored, Action: eventActionRestore,
-				Object: live, Note: fmt.Sprintf("Could not give %s back to Service %s in the guest, left as it is: %s", patch.What, key, ssa.APIErrorMessage(err))})
-		case err != nil:
-			return false, fmt.Errorf("restoring %s of Service %s in the guest: %w", patch.What, key, err)
-		default:
-			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventRestored, Action: eventActionRestore,
-				Object: live, Note: fmt.Sprintf("Gave %s back to Service %s in the guest (what it had before guestnet changed it)", patch.What, key)})
-		}
+	if gone, err := r.giveBack(ctx, gi, guestClient, live, patches); err != nil || gone {
+		return gone, err
 	}
 	if len(patches) > 0 {
 		if err := reader.Get(ctx, key, live); err != nil {
@@ -688,6 +819,30 @@ func (r *Reconciler) restoreGuestService(ctx context.Context, gi *guestnetv1.Gue
 	record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventReleased, Action: eventActionApply,
 		Object: live, Note: fmt.Sprintf("Gave back the fields guestnet applied to Service %s in the guest", key)})
 	return true, nil
+}
+
+// giveBack applies patches (ingress.Restore, ingress.RestoreDropped) to the guest Service
+// live, each recorded as an event. One that no longer applies (its nodePort is another
+// Service's by now, or the Service changed since it was read) is reported in a Warning event
+// and left as it is. gone: the Service no longer exists.
+func (r *Reconciler) giveBack(ctx context.Context, gi *guestnetv1.GuestIngress, guestClient client.Client, live *corev1.Service, patches []ingress.RestorePatch) (gone bool, err error) {
+	key := client.ObjectKeyFromObject(live)
+	for _, patch := range patches {
+		err := guestClient.Patch(ctx, live.DeepCopy(), client.RawPatch(types.JSONPatchType, patch.Patch), client.FieldOwner(ingress.RestoreFieldManager))
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case apierrors.IsInvalid(err) || apierrors.IsConflict(err) || apierrors.IsBadRequest(err):
+			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeWarning, Reason: eventRestored, Action: eventActionRestore,
+				Object: live, Note: fmt.Sprintf("Could not give %s back to Service %s in the guest, left as it is: %s", patch.What, key, ssa.APIErrorMessage(err))})
+		case err != nil:
+			return false, fmt.Errorf("restoring %s of Service %s in the guest: %w", patch.What, key, err)
+		default:
+			record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventRestored, Action: eventActionRestore,
+				Object: live, Note: fmt.Sprintf("Gave %s back to Service %s in the guest (what it had before guestnet changed it)", patch.What, key)})
+		}
+	}
+	return false, nil
 }
 
 // deleteHostObjects deletes the host Service, pool and L2 policy guestnet created for the

@@ -115,6 +115,7 @@ func TestGuestIngressPhases_ExposesTheGuestServiceOnTheHost(t *testing.T) {
 	e.g.Expect(host.Spec.Type).To(Equal(corev1.ServiceTypeLoadBalancer))
 	e.g.Expect(host.Spec.Selector).To(Equal(map[string]string{
 		"cluster.x-k8s.io/cluster-name": "tenant-a", "cluster.x-k8s.io/role": "worker", "kubevirt.io": "virt-launcher",
+		"capk.cluster.x-k8s.io/kubevirt-machine-namespace": e.ns,
 	}))
 	e.g.Expect(host.Spec.Ports).To(HaveLen(2))
 	e.g.Expect(host.Spec.Ports[0]).To(MatchFields(host.Spec.Ports[0].NodePort, "http", 80, intstr.FromInt32(e.nodePort(0))))
@@ -216,7 +217,7 @@ func TestGuestIngressPhases_HostServiceFollowsTheSpec(t *testing.T) {
 		return e.host.Update(e.ctx, svc, client.FieldOwner("kubectl-edit"))
 	})).To(Succeed())
 	e.g.Eventually(func() map[string]string { return e.getHostService("tenant-a-web").Spec.Selector }).
-		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector("tenant-a")))
+		WithTimeout(waitTimeout).WithPolling(poll).Should(Equal(virtlauncher.WorkerSelector(e.ns, "tenant-a")))
 }
 
 // Without fixed nodePorts guestnet follows what the guest allocated, through its watch on
@@ -322,7 +323,8 @@ func TestGuestIngressPhases_IPConflictAcrossNamespaces(t *testing.T) {
 
 	c := second.eventuallyCondition(newer, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.IPConflictReason)
 	e := second
-	e.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by GuestIngress %s/web", first.ip(10), first.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("IP %s is already claimed by another namespace's GuestIngress", first.ip(10)))
+	e.g.Expect(c.Message).NotTo(ContainSubstring(first.ns), "another namespace's GuestIngress is not named to the tenant")
 	e.g.Consistently(func() error { _, err := e.tryGetHostService("tenant-a-web"); return err }).
 		WithTimeout(2 * time.Second).Should(Satisfy(apierrors.IsNotFound))
 	_, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-web")
@@ -354,7 +356,7 @@ func TestGuestIngressPhases_PoolConflicts(t *testing.T) {
 		gi.Spec.LoadBalancer.CIDRs = []string{e.lbNet + ".8/29"}
 	})
 	c := e.eventuallyCondition(b, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s.8/29 overlap %s.0/28 of GuestIngress %s/a", e.lbNet, e.lbNet, e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s.8/29 overlap %s.0/28 of GuestIngress a of this namespace", e.lbNet, e.lbNet))
 	_, err := e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-b")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
 
@@ -374,7 +376,8 @@ func TestGuestIngressPhases_PoolConflicts(t *testing.T) {
 		gi.Spec.LoadBalancer.IP = e.ip(70)
 	})
 	c = e.eventuallyCondition(d, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason)
-	e.g.Expect(c.Message).To(ContainSubstring("overlap CiliumLoadBalancerIPPool user-%s", e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The pool ranges %s are in a pool of the platform", e.ip(70)))
+	e.g.Expect(c.Message).NotTo(ContainSubstring("user-"+e.ns), "the platform's pools are not named to the tenant")
 	_, err = e.tryGetCilium(ingress.PoolGVK.Kind, e.ns+".tenant-a-d")
 	e.g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a pool that Cilium would mark conflicting")
 }
@@ -512,7 +515,7 @@ func TestGuestIngressPhases_EndpointsFollowTheWorkers(t *testing.T) {
 	gc := e.createCluster("tenant-a", 0)
 	gi := e.createGuestIngress("web", gc.Name)
 	c := e.eventuallyConditionMessage(gi, guestnetv1.EndpointsReadyCondition, metav1.ConditionFalse, guestnetv1.NoEndpointsReason, "matches no pod")
-	e.g.Expect(c.Message).To(ContainSubstring("The selector cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service %s/tenant-a-web matches no pod", e.ns))
+	e.g.Expect(c.Message).To(ContainSubstring("The selector capk.cluster.x-k8s.io/kubevirt-machine-namespace=%s,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service %s/tenant-a-web matches no pod", e.ns, e.ns))
 	e.g.Expect(c.Message).To(ContainSubstring("kubectl get pods -n %s -l", e.ns))
 
 	w := e.addWorker(gc)

@@ -8,6 +8,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -161,6 +162,39 @@ func (r *Reconciler) guestIngressesColliding(ctx context.Context, except client.
 		wants := ingress.ClaimOf(other)
 		if slices.ContainsFunc(claims, wants.Collides) {
 			requests = append(requests, reconcile.Request{NamespacedName: key})
+		}
+	}
+	return requests
+}
+
+// guestServiceRivalsOf maps a GuestIngress to the other GuestIngresses of its Cluster that name
+// or hold (status.guestService) a guest Service it names or holds: which of them may write to
+// it is decided again (ingress.GuestServiceRivalsOf). Both the old and the new version of an
+// update are mapped, so a GuestIngress that stops naming or holding a Service brings the
+// others back.
+func (r *Reconciler) guestServiceRivalsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	gi, ok := o.(*guestnetv1.GuestIngress)
+	if !ok {
+		return nil
+	}
+	refs := []guestnetv1.ObjectReference{gi.Spec.GuestService}
+	if gi.Status.GuestService != nil {
+		refs = append(refs, *gi.Status.GuestService)
+	}
+	list := &guestnetv1.GuestIngressList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(gi.Namespace),
+		client.MatchingFields{clusterscope.ClusterNameField: gi.Spec.ClusterName}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses of Cluster", "Cluster", klog.KRef(gi.Namespace, gi.Spec.ClusterName))
+		return nil
+	}
+	var requests []reconcile.Request
+	for i := range list.Items {
+		other := &list.Items[i]
+		if other.Name == gi.Name {
+			continue
+		}
+		if slices.Contains(refs, other.Spec.GuestService) || (other.Status.GuestService != nil && slices.Contains(refs, *other.Status.GuestService)) {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(other)})
 		}
 	}
 	return requests

@@ -61,7 +61,7 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 		notes := map[string][]string{}
 		repairs := map[string]metrics.RepairKind{}
 		for _, tp := range done {
-			reason, note := changeNote(tp)
+			reason, note := changeNote(s.bridge, tp)
 			if _, ok := notes[reason]; !ok {
 				reasons = append(reasons, reason)
 			}
@@ -78,8 +78,9 @@ func (r *Reconciler) writeGuestObjects(ctx context.Context, s *scope, plan *brid
 	return kerrors.NewAggregate(errs)
 }
 
-// changeNote is the event reason and note of a change made to a target.
-func changeNote(tp *bridge.TargetPlan) (reason, note string) {
+// changeNote is the event reason and note of a change made to a target of gwb (an event of
+// gwb's namespace: it names no other namespace's bridge).
+func changeNote(gwb *guestnetv1.GuestWebhookBridge, tp *bridge.TargetPlan) (reason, note string) {
 	switch {
 	case tp.Action == bridge.ForgetAction:
 		return eventForgot, fmt.Sprintf("Left %s to its new owner: its url was changed after guestnet bridged it", tp.Target)
@@ -88,7 +89,8 @@ func changeNote(tp *bridge.TargetPlan) (reason, note string) {
 	case tp.Action == bridge.RestoreAction:
 		return eventRestored, fmt.Sprintf("Dropped guestnet's record of %s: it no longer holds what guestnet wrote", tp.Target)
 	case tp.TookOverFrom != "":
-		return eventRepaired, fmt.Sprintf("Took over %s from GuestWebhookBridge %s, which no longer exists, with its original: %s", tp.Target, tp.TookOverFrom, describeRewrite(tp))
+		return eventRepaired, fmt.Sprintf("Took over %s from %s, which no longer exists, with its original: %s", tp.Target,
+			bridge.Named(tp.TookOverFrom, gwb), describeRewrite(tp))
 	case tp.RecordOnly:
 		return eventRepaired, fmt.Sprintf("Repaired the record of %s on the guest object from the bridge's host copy (annotation %s was missing, damaged or stale)",
 			tp.Target, guestnetv1.BridgeOriginalAnnotation)
@@ -104,7 +106,7 @@ func changeNote(tp *bridge.TargetPlan) (reason, note string) {
 // the guest object; empty for anything else (a first rewrite, a restore, a takeover from a
 // bridge that is gone).
 func repairOf(gwb *guestnetv1.GuestWebhookBridge, tp *bridge.TargetPlan) metrics.RepairKind {
-	reason, _ := changeNote(tp)
+	reason, _ := changeNote(gwb, tp)
 	switch {
 	case reason == eventRepaired && tp.TookOverFrom == "" && tp.RecordOnly:
 		return metrics.RepairBridgeRecord

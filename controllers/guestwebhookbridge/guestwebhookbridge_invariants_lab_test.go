@@ -33,10 +33,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
@@ -180,6 +182,7 @@ func TestGuestWebhookBridgeInvariants_SkipGuestCleanupGivesUpCleanly(t *testing.
 	g.Expect(e.getWebhookConfig(e.webhookNS).Annotations[guestnetv1.BridgeOriginalAnnotation]).To(ContainSubstring(e.ns+"/bridge"), "left in the guest")
 
 	// The guest is back (direct, no more through the closed path).
+	e.setControlPlaneEndpoint("tenant-a", lab.GuestControlPlaneEndpoint())
 	secret := &corev1.Secret{}
 	g.Expect(e.host.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: "tenant-a-kubeconfig"}, secret)).To(Succeed())
 	secret.Data["value"] = e.l.Guest.Kubeconfig
@@ -406,15 +409,17 @@ func (p *tcpPath) close() {
 	})
 }
 
-// routeGuestThroughPath points the cluster's kubeconfig Secret at a tcpPath to the guest
-// apiserver (the certificate is still verified for the apiserver's own name).
+// routeGuestThroughPath points the cluster's control plane endpoint and kubeconfig Secret at
+// a tcpPath to the guest apiserver, on another port of the guest apiserver's address (the
+// certificate is still verified for the apiserver's own name).
 func (e *bridgeEnv) routeGuestThroughPath(cluster string) *tcpPath {
 	e.t.Helper()
 	g := e.g
 	server, err := url.Parse(e.l.Guest.Server())
 	g.Expect(err).NotTo(HaveOccurred())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(lab.GuestAPIServerAddress, "0"))
 	g.Expect(err).NotTo(HaveOccurred())
+	e.setControlPlaneEndpoint(cluster, clusterv1.APIEndpoint{Host: lab.GuestAPIServerAddress, Port: int32(l.Addr().(*net.TCPAddr).Port)})
 	p := &tcpPath{l: l}
 	go func() {
 		for {
@@ -448,6 +453,20 @@ func (e *bridgeEnv) routeGuestThroughPath(cluster string) *tcpPath {
 	secret.Data["value"] = kubeconfig
 	g.Expect(e.host.Update(e.ctx, secret)).To(Succeed())
 	return p
+}
+
+// setControlPlaneEndpoint sets the Cluster's spec.controlPlaneEndpoint: guestnet connects
+// only to it, whatever the kubeconfig Secret says.
+func (e *bridgeEnv) setControlPlaneEndpoint(cluster string, endpoint clusterv1.APIEndpoint) {
+	e.t.Helper()
+	e.g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c := &clusterv1.Cluster{}
+		if err := e.host.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: cluster}, c); err != nil {
+			return err
+		}
+		c.Spec.ControlPlaneEndpoint = endpoint
+		return e.host.Update(e.ctx, c)
+	})).To(Succeed())
 }
 
 func copyConn(dst, src net.Conn) error {

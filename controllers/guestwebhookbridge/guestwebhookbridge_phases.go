@@ -228,7 +228,24 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, erro
 		}
 		s.reliesOnEgress = in.Reach.Reaches
 	}
-	return bridge.MakePlan(in), nil
+	plan := bridge.MakePlan(in)
+	logWithheld(ctx, s.bridge, plan)
+	return plan, nil
+}
+
+// logWithheld logs at the default level what the status of a target leaves out because it
+// is not the tenant's to read (another namespace's bridge: bridge.TargetPlan.Withheld), when
+// the target's message changes: the admin's side of it.
+func logWithheld(ctx context.Context, gwb *guestnetv1.GuestWebhookBridge, plan *bridge.Plan) {
+	for i := range plan.Targets {
+		tp := &plan.Targets[i]
+		if tp.Withheld == "" || slices.ContainsFunc(gwb.Status.Targets, func(st guestnetv1.TargetStatus) bool {
+			return st.Kind == tp.Kind && st.Name == tp.Name && st.Webhook == tp.Webhook && st.Message == tp.Message
+		}) {
+			continue
+		}
+		ctrl.LoggerFrom(ctx).Info("Not in the GuestWebhookBridge's status (not the tenant's to read): "+tp.Withheld, "reason", tp.Reason)
+	}
 }
 
 // planInput is the input of a plan but the selection: every target of the guest, the host

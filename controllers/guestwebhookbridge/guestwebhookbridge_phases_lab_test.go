@@ -115,6 +115,7 @@ func TestGuestWebhookBridgePhases_BridgesAWebhookAndAnAPIService(t *testing.T) {
 	g.Expect(host.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP))
 	g.Expect(host.Spec.Selector).To(Equal(map[string]string{
 		"cluster.x-k8s.io/cluster-name": "tenant-a", "cluster.x-k8s.io/role": "worker", "kubevirt.io": "virt-launcher",
+		"capk.cluster.x-k8s.io/kubevirt-machine-namespace": e.ns,
 	}))
 	g.Expect(host.Spec.Ports).To(ConsistOf(MatchPort("https", 443, intstr.FromInt32(e.nodePort(0)), 0)))
 	g.Expect(host.OwnerReferences).To(ConsistOf(metav1.OwnerReference{
@@ -327,7 +328,7 @@ func TestGuestWebhookBridgePhases_ASecondBridgeIsRefused(t *testing.T) {
 
 	got := e.eventuallyCondition(second, guestnetv1.TargetsBridgedCondition, metav1.ConditionFalse, guestnetv1.TargetClaimedReason)
 	e.g.Expect(conditions.Get(got, guestnetv1.TargetsBridgedCondition).Message).To(ContainSubstring(
-		"is bridged by GuestWebhookBridge " + e.ns + "/first; remove it from one of the two bridges"))
+		"is bridged by GuestWebhookBridge first of this namespace; remove it from one of the two bridges"))
 	e.g.Expect(e.guestServices(e.webhookNS)).To(ConsistOf("cert-manager-webhook", "cert-manager-webhook-guestnet-nodeport"))
 	e.g.Expect(e.getBridge(first).Status.BridgedTargets).To(BeEquivalentTo(1))
 }

@@ -188,7 +188,7 @@ func setUpFieldReport(ctx context.Context, l *lab.Lab) (*scenario, error) {
 	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-vm-template-labels", map[string]string{lab.VMTemplateLabel: gc.WorkerTemplate}); err != nil {
 		return nil, err
 	}
-	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-capi-labels", virtlauncher.WorkerSelector(gc.Name)); err != nil {
+	if _, err := lab.HostServiceForWorkers(ctx, l.Host.Client, clusterNamespace, "ingress-by-capi-labels", virtlauncher.WorkerSelector(gc.Namespace, gc.Name)); err != nil {
 		return nil, err
 	}
 	fmt.Println("installing cert-manager v1.11.5 (webhook, cainjector) and metrics-server v0.8.0 in the guest, on the worker VMs ...")

@@ -108,7 +108,7 @@ func ForRealCAPK() GuestClusterOption {
 		kc.SetNamespace(gc.Namespace)
 		kc.SetName(gc.Name)
 		kc.SetAnnotations(map[string]string{clusterv1.ManagedByAnnotation: "lab"})
-		kc.Object["spec"] = map[string]any{"controlPlaneEndpoint": map[string]any{"host": GuestAPIServerAddress, "port": int64(6443)}}
+		kc.Object["spec"] = map[string]any{"controlPlaneEndpoint": map[string]any{"host": GuestAPIServerAddress, "port": int64(APIServerPort)}}
 		if err := c.Create(ctx, kc); err != nil {
 			return fmt.Errorf("creating KubevirtCluster: %w", err)
 		}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -114,7 +115,7 @@ func (cp *ControlPlane) Stop() {
 
 // Server is the apiserver's URL.
 func (cp *ControlPlane) Server() string {
-	return "https://" + hostPort(cp.Options.Address, 6443)
+	return "https://" + hostPort(cp.Options.Address, APIServerPort)
 }
 
 func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.Options.Dir, name) }
@@ -265,7 +266,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		"--etcd-servers=" + string(etcdURL),
 		"--bind-address=" + cp.Options.Address,
 		"--advertise-address=" + cp.Options.Address,
-		"--secure-port=6443",
+		"--secure-port=" + strconv.Itoa(APIServerPort),
 		"--endpoint-reconciler-type=none",
 		"--service-cluster-ip-range=" + cp.Options.ServiceCIDR,
 		"--tls-cert-file=" + p("apiserver.crt"),

@@ -60,6 +60,15 @@ type WorkerTemplateOptions struct {
 	// list (every port is forwarded into the VM).
 	Ports    []int32
 	UDPPorts []int32
+	// VMNamespace, when set, is virtualMachineTemplate.metadata.namespace: CAPK creates the
+	// VMs there instead of in the Cluster's namespace.
+	VMNamespace string
+	// VMILabels are more labels of the VMI template (virtualMachineTemplate.spec.template
+	// .metadata.labels), which KubeVirt copies to the virt-launcher pod.
+	VMILabels map[string]string
+	// As creates the template: a tenant's identity (a KubevirtMachineTemplate is the
+	// tenant's to write); the lab's admin when nil.
+	As client.Client
 }
 
 // CreateGuestCluster creates, in the host namespace ns, what CAPI and CAPK hold for a guest
@@ -74,17 +83,24 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 	}
 
 	// A hosted control plane (k0smotron) on KubeVirt infrastructure; no provider runs in the
-	// lab, so the referenced objects need not exist.
+	// lab, so the referenced objects need not exist. The control plane endpoint is the lab
+	// guest's apiserver, as the control plane provider reports it (guestnet connects only to
+	// the endpoint the Cluster names, internal/kubeconfig).
 	cluster := &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: clusterv1.ClusterSpec{
-			ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
+			ControlPlaneEndpoint: GuestControlPlaneEndpoint(),
+			ControlPlaneRef:      clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
+			InfrastructureRef:    clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
 		},
 	}
+	kubeconfig, secretWriter := l.Guest.Kubeconfig, c
 	for _, o := range opts {
 		if o.cluster != nil {
 			o.cluster(cluster)
+		}
+		if o.kubeconfig != nil {
+			kubeconfig, secretWriter = o.kubeconfig, o.secretWriter
 		}
 	}
 	// The kubeconfig Secret comes first, so the ClusterCache's first connection succeeds: a
@@ -96,9 +112,9 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			Labels: map[string]string{clusterv1.ClusterNameLabel: name},
 		},
 		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{"value": l.Guest.Kubeconfig},
+		Data: map[string][]byte{"value": kubeconfig},
 	}
-	if err := c.Create(ctx, secret); err != nil {
+	if err := secretWriter.Create(ctx, secret); err != nil {
 		return nil, fmt.Errorf("creating kubeconfig Secret: %w", err)
 	}
 
@@ -126,7 +142,11 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
 	}
 
-	if err := c.Create(ctx, workerTemplate(ns, gc.WorkerTemplate, tmpl)); err != nil {
+	templateWriter := c
+	if tmpl.As != nil {
+		templateWriter = tmpl.As
+	}
+	if err := templateWriter.Create(ctx, workerTemplate(ns, gc.WorkerTemplate, tmpl)); err != nil {
 		return nil, fmt.Errorf("creating KubevirtMachineTemplate: %w", err)
 	}
 	md := &clusterv1.MachineDeployment{
@@ -175,6 +195,29 @@ type GuestClusterOption struct {
 	cluster           func(*clusterv1.Cluster)
 	machineDeployment func(*clusterv1.MachineDeployment)
 	after             func(context.Context, *Lab, *GuestCluster) error
+	// kubeconfig, when set, is the value of the <cluster>-kubeconfig Secret, which
+	// secretWriter creates.
+	kubeconfig   []byte
+	secretWriter client.Client
+}
+
+// GuestControlPlaneEndpoint is the lab guest apiserver's address and port: the
+// spec.controlPlaneEndpoint of every Cluster whose control plane is the lab's guest.
+func GuestControlPlaneEndpoint() clusterv1.APIEndpoint {
+	return clusterv1.APIEndpoint{Host: GuestAPIServerAddress, Port: APIServerPort}
+}
+
+// WithControlPlaneEndpoint sets the Cluster's spec.controlPlaneEndpoint to host:port instead
+// of the lab guest apiserver's (GuestControlPlaneEndpoint); a zero endpoint leaves it unset.
+func WithControlPlaneEndpoint(endpoint clusterv1.APIEndpoint) GuestClusterOption {
+	return GuestClusterOption{cluster: func(c *clusterv1.Cluster) { c.Spec.ControlPlaneEndpoint = endpoint }}
+}
+
+// WithKubeconfig makes writer (e.g. a tenant's client) create the <cluster>-kubeconfig Secret
+// with value, instead of the lab's admin with the lab guest's admin kubeconfig. The Secret is
+// still created before the Cluster, so the ClusterCache's first connection reads it.
+func WithKubeconfig(writer client.Client, value []byte) GuestClusterOption {
+	return GuestClusterOption{kubeconfig: value, secretWriter: writer}
 }
 
 // ForRealCAPI makes the guest cluster one for the real CAPI started with watchFilter
@@ -219,22 +262,31 @@ func workerTemplate(ns, name string, opts WorkerTemplateOptions) *unstructured.U
 		}
 		iface["ports"] = ports
 	}
+	vmMetadata := map[string]any{"labels": map[string]any{VMTemplateLabel: name}}
+	if opts.VMNamespace != "" {
+		vmMetadata["namespace"] = opts.VMNamespace
+	}
+	vmiTemplate := map[string]any{"spec": map[string]any{
+		"domain": map[string]any{
+			"cpu":     map[string]any{"cores": int64(2)},
+			"memory":  map[string]any{"guest": "4Gi"},
+			"devices": map[string]any{"interfaces": []any{iface}},
+		},
+		"networks": []any{map[string]any{"name": "default", "pod": map[string]any{}}},
+	}}
+	if len(opts.VMILabels) > 0 {
+		vmiLabels := map[string]any{}
+		for k, v := range opts.VMILabels {
+			vmiLabels[k] = v
+		}
+		vmiTemplate["metadata"] = map[string]any{"labels": vmiLabels}
+	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
 			"virtualMachineBootstrapCheck": map[string]any{"checkStrategy": "none"},
 			"virtualMachineTemplate": map[string]any{
-				"metadata": map[string]any{"labels": map[string]any{VMTemplateLabel: name}},
-				"spec": map[string]any{
-					"runStrategy": "Always",
-					"template": map[string]any{"spec": map[string]any{
-						"domain": map[string]any{
-							"cpu":     map[string]any{"cores": int64(2)},
-							"memory":  map[string]any{"guest": "4Gi"},
-							"devices": map[string]any{"interfaces": []any{iface}},
-						},
-						"networks": []any{map[string]any{"name": "default", "pod": map[string]any{}}},
-					}},
-				},
+				"metadata": vmMetadata,
+				"spec":     map[string]any{"runStrategy": "Always", "template": vmiTemplate},
 			},
 		}}},
 	}}

@@ -117,9 +117,9 @@ func (k *K0smotronStandIn) Stop() { k.once.Do(k.standIn.Stop) }
 // (its apiserver is pods of the host, not Machines), at spec.version, with spec.replicas
 // replicas all ready, up to date and available. CAPI's topology controller creates the
 // workers' MachineDeployments only once the control plane is so (not provisioning, not
-// upgrading, not scaling). Its apiserver is the lab's guest (every Cluster's): the
-// <cluster>-kubeconfig Secret k0smotron writes points at it, so CAPI's (and guestnet's)
-// connection to the workload cluster works.
+// upgrading, not scaling). Its apiserver is the lab's guest (every Cluster's): its
+// spec.controlPlaneEndpoint and the <cluster>-kubeconfig Secret k0smotron writes point at it,
+// so CAPI's (and guestnet's) connection to the workload cluster works.
 type controlPlaneStandIn struct {
 	c          client.Client
 	ns         string
@@ -146,6 +146,17 @@ func (r *controlPlaneStandIn) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	if version != "" {
 		status["version"] = version
+	}
+	if _, found, _ := unstructured.NestedMap(cp.Object, "spec", "controlPlaneEndpoint"); !found && r.kubeconfig != nil {
+		// As a control plane provider reports its endpoint (contract: spec.controlPlaneEndpoint,
+		// which CAPI copies into the Cluster's; internal/contract/controlplane.go in
+		// sigs.k8s.io/cluster-api v1.14.2): the lab's guest apiserver.
+		endpoint := GuestControlPlaneEndpoint()
+		if err := unstructured.SetNestedMap(cp.Object, map[string]any{"host": endpoint.Host, "port": int64(endpoint.Port)}, "spec", "controlPlaneEndpoint"); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.log.Info("control plane endpoint", "controlPlane", req.NamespacedName.String(), "endpoint", endpoint.String())
+		return ctrl.Result{}, r.c.Update(ctx, cp) // the update brings the object back
 	}
 	if cluster := cp.GetLabels()[clusterv1.ClusterNameLabel]; cluster != "" && r.kubeconfig != nil {
 		secret := &corev1.Secret{

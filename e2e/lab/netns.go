@@ -17,6 +17,8 @@ const (
 	// GuestAPIServerAddress is where the guest kube-apiserver listens: a host pod IP, since
 	// the hosted control plane (k0smotron, Kamaji) runs as a pod on the host network.
 	GuestAPIServerAddress = "10.244.0.2"
+	// APIServerPort is the port every lab kube-apiserver serves on.
+	APIServerPort = 6443
 	// HostServiceCIDR is the host cluster's service CIDR; local in the lab namespace so that
 	// stand-ins can bind ClusterIPs.
 	HostServiceCIDR = "10.97.0.0/16"

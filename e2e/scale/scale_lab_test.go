@@ -275,3 +275,52 @@ func eventuallyBridged(ctx context.Context, g *WithT, c client.Client, gwb *gues
 
 func policyStatus(r lab.AuditRequest) bool     { return r.Resource() == "guestingresspolicies/status" }
 func ofGuestIngresses(r lab.AuditRequest) bool { return notEvents(r) && !policyStatus(r) }
+
+// Two GuestIngresses of one Cluster on one guest Service, with different ports: the older
+// one owns the Service, the other is refused (GuestServiceClaimed) and writes nothing. They
+// do not apply over each other: once settled, over a full resync, the manager writes nothing
+// to the host or to the guest.
+func TestScale_TwoGuestIngressesOnOneGuestServiceWriteNothing(t *testing.T) {
+	l := shared.Get(t)
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	_, err := lab.StartCiliumStandIn(ctx, l)
+	g.Expect(err).NotTo(HaveOccurred())
+	hostLog, err := l.Host.AuditLog()
+	g.Expect(err).NotTo(HaveOccurred())
+	guestLog, err := l.Guest.AuditLog()
+	g.Expect(err).NotTo(HaveOccurred())
+	next := func() phase {
+		host, err := hostLog.Next(manager.Name)
+		g.Expect(err).NotTo(HaveOccurred())
+		guest, err := guestLog.Next(manager.Name)
+		g.Expect(err).NotTo(HaveOccurred())
+		return phase{host: host, guest: guest}
+	}
+
+	const member = 900 // outside the fleet of the test above
+	m, err := l.CreateFleetMember(ctx, member, lab.FleetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	mgr := l.StartManagerBinary(t, lab.ManagerFlags{Namespace: m.GuestIngress.Namespace, SyncPeriod: resync})
+	eventuallyReady(ctx, g, l.Host.Client, m.GuestIngress)
+
+	second := m.GuestIngress.DeepCopy()
+	second.ObjectMeta = metav1.ObjectMeta{Namespace: m.GuestIngress.Namespace, Name: "web-2"}
+	second.Spec.Ports = second.Spec.Ports[1:] // https alone, on the member's https nodePort
+	second.Spec.LoadBalancer.IP = "10.98.203.250"
+	g.Expect(l.Host.Client.Create(ctx, second)).To(Succeed())
+	settled := settle(t, next)
+	settled.log(t, "a second GuestIngress on the guest Service")
+	got := &guestnetv1.GuestIngress{}
+	g.Expect(l.Host.Client.Get(ctx, client.ObjectKeyFromObject(second), got)).To(Succeed())
+	g.Expect(conditions.GetReason(got, guestnetv1.LoadBalancerReadyCondition)).To(Equal(guestnetv1.GuestServiceClaimedReason), "%v", got.Status.Conditions)
+	eventuallyReady(ctx, g, l.Host.Client, m.GuestIngress)
+
+	before := reconciles(g, mgr, "guestingress")
+	g.Eventually(func() float64 { return reconciles(g, mgr, "guestingress") - before }).
+		WithTimeout(4 * resync).WithPolling(time.Second).Should(BeNumerically(">=", 2))
+	steady := settle(t, next)
+	steady.log(t, fmt.Sprintf("steady state (%v of GuestIngress reconciles by the resync)", reconciles(g, mgr, "guestingress")-before))
+	g.Expect(steady.writes(all)).To(BeZero(), "writes at steady state:\n%s", steady.counts(isWrite))
+}

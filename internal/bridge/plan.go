@@ -90,6 +90,9 @@ type TargetPlan struct {
 	// is going on and, for a problem, what to do.
 	Reason  string
 	Message string
+	// Withheld is what Message leaves out because it is not the tenant's to read (another
+	// namespace's bridge), for the manager's log; "" when nothing.
+	Withheld string
 	// Warnings are worth knowing but break nothing.
 	Warnings []string
 	// Probe is filled by the controller for targets that go through the bridge.
@@ -169,6 +172,23 @@ type Plan struct {
 // HostNamespace is where the bridge's host Services live: the Cluster's (and so the
 // bridge's) namespace.
 func HostNamespace(gwb *guestnetv1.GuestWebhookBridge) string { return gwb.Namespace }
+
+// Named is the bridge id ("<namespace>/<name>", as a guest record names it) in words the
+// tenant of gwb may read: "GuestWebhookBridge <name> of this namespace", or "another
+// namespace's GuestWebhookBridge" (a guest record can name any namespace: whose bridges exist
+// there is not this tenant's to learn).
+func Named(id string, gwb *guestnetv1.GuestWebhookBridge) string {
+	if sameNamespace(id, gwb) {
+		_, name, _ := strings.Cut(id, "/")
+		return fmt.Sprintf("GuestWebhookBridge %s of this namespace", name)
+	}
+	return "another namespace's GuestWebhookBridge"
+}
+
+func sameNamespace(id string, gwb *guestnetv1.GuestWebhookBridge) bool {
+	ns, _, ok := strings.Cut(id, "/")
+	return ok && ns == gwb.Namespace
+}
 
 // MakePlan decides, target by target, what the bridge does, and which Services (with which
 // nodePorts) that takes.
@@ -294,7 +314,12 @@ func decide(in Input, t Target) TargetPlan {
 		return tp
 	case foreign && in.Claimants[guest.Bridge]:
 		tp.Reason = guestnetv1.TargetClaimedReason
-		tp.Message = fmt.Sprintf("%s is bridged by GuestWebhookBridge %s; remove it from one of the two bridges", t, guest.Bridge)
+		tp.Message = fmt.Sprintf("%s is bridged by %s; remove it from one of the two bridges", t, Named(guest.Bridge, in.Bridge))
+		if !sameNamespace(guest.Bridge, in.Bridge) {
+			tp.Message = fmt.Sprintf("%s is bridged by another namespace's GuestWebhookBridge (its record in the guest says so); remove it from "+
+				"the selection of this bridge, or ask the host admin", t)
+			tp.Withheld = fmt.Sprintf("%s is bridged by GuestWebhookBridge %s", t, guest.Bridge)
+		}
 		return tp
 	case foreign && holds(t, guest):
 		// Rewritten by a bridge that no longer exists: this one takes it over, with its original.

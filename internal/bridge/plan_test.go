@@ -127,13 +127,13 @@ func TestMakePlanDecisions(t *testing.T) {
 			name:        "rewritten by another bridge",
 			target:      webhookTarget(t, rewrittenBy(t, other, "https://x.k0smotron.svc/validate")),
 			wantReason:  guestnetv1.TargetClaimedReason,
-			wantMessage: "bridged by GuestWebhookBridge " + other,
+			wantMessage: "bridged by GuestWebhookBridge other-bridge of this namespace; remove it from one of the two bridges",
 		},
 		{
 			name:         "APIService rewritten by another bridge",
 			target:       apiServiceTarget(t, metricsAPIService(), apiRewrittenBy(t, other, metricsRef)),
 			wantReason:   guestnetv1.TargetClaimedReason,
-			wantMessage:  other,
+			wantMessage:  "bridged by GuestWebhookBridge other-bridge of this namespace",
 			wantWarnings: []string{"insecureSkipTLSVerify is true"},
 		},
 		{

@@ -64,7 +64,7 @@ func guestService(gwb *guestnetv1.GuestWebhookBridge, b *Backend, name string) *
 // port to the bridge's guest nodePort on them. Its DNS name is what the guest apiserver dials.
 func HostService(gwb *guestnetv1.GuestWebhookBridge, b *Backend) *corev1ac.ServiceApplyConfiguration {
 	spec := corev1ac.ServiceSpec().WithType(corev1.ServiceTypeClusterIP).
-		WithSelector(virtlauncher.WorkerSelector(gwb.Spec.ClusterName))
+		WithSelector(virtlauncher.WorkerSelector(HostNamespace(gwb), gwb.Spec.ClusterName))
 	for _, p := range b.allocated() {
 		spec.WithPorts(corev1ac.ServicePort().WithName(p.PortName()).WithProtocol(corev1.ProtocolTCP).
 			WithPort(p.Port).WithTargetPort(intstr.FromInt32(p.NodePort)))

@@ -86,7 +86,7 @@ func TestHostService(t *testing.T) {
 	g.Expect(svc.Namespace).To(Equal("k0smotron"), "the Cluster's namespace")
 	g.Expect(svc.Name).To(Equal(cmHostService))
 	g.Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP))
-	g.Expect(svc.Spec.Selector).To(Equal(virtlauncher.WorkerSelector("tenant-a")))
+	g.Expect(svc.Spec.Selector).To(Equal(virtlauncher.WorkerSelector("k0smotron", "tenant-a")))
 	g.Expect(svc.Spec.Ports).To(Equal([]corev1.ServicePort{
 		{Name: "https", Protocol: corev1.ProtocolTCP, Port: 443, TargetPort: intstr.FromInt32(32701)},
 		{Name: "port-8443", Protocol: corev1.ProtocolTCP, Port: 8443, TargetPort: intstr.FromInt32(32702)},

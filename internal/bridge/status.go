@@ -54,7 +54,7 @@ func (tp *TargetPlan) SetProbe(r ProbeResult, gwb *guestnetv1.GuestWebhookBridge
 			"(kubectl get endpointslices -n %s -l kubernetes.io/service-name=%s: the worker virt-launcher pods %s), "+
 			"that the workers declare nodePort %d (condition PortsDeclared), and that the pods behind %s are ready in the guest",
 			ns, tp.Backend.HostService, addr, r.Detail, ns, tp.Backend.HostService,
-			virtlauncher.FormatSelector(virtlauncher.WorkerSelector(gwb.Spec.ClusterName)), tp.Backend.NodePort(tp.Port), tp.Service)
+			virtlauncher.FormatSelector(virtlauncher.WorkerSelector(HostNamespace(gwb), gwb.Spec.ClusterName)), tp.Backend.NodePort(tp.Port), tp.Service)
 	case r.Insecure:
 		tp.Message = "answers through the bridge (certificate not verified: insecureSkipTLSVerify)"
 	case r.NameMissing:

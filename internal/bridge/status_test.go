@@ -43,7 +43,7 @@ func TestSetProbe(t *testing.T) {
 			wantMessage: []string{
 				"no answer through host Service k0smotron/" + cmHostService + " (10.96.40.7:443): dial tcp 10.96.40.7:443: connect: connection refused.",
 				"kubectl get endpointslices -n k0smotron -l kubernetes.io/service-name=" + cmHostService,
-				"the worker virt-launcher pods cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher",
+				"the worker virt-launcher pods capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher",
 				"the workers declare nodePort 32700 (condition PortsDeclared)",
 				"the pods behind cert-manager/cert-manager-webhook:443 are ready in the guest",
 			},

@@ -57,7 +57,8 @@ func Connect(ctx context.Context, cc clustercache.ClusterCache, obj Object, clus
 
 // GuestClient returns a client for the guest cluster when the Cluster exists, is provisioned
 // and the ClusterCache holds a connection to its apiserver; guestErr is the ClusterCache's
-// error (clustercache.ErrClusterNotConnected while it is not connected), for
+// error (clustercache.ErrClusterNotConnected while it is not connected, wrapping a
+// *kubeconfig.RefusedError when guestnet refuses the Cluster's kubeconfig Secret), for
 // SetClusterAvailableCondition. Both are nil before the Cluster is provisioned.
 //
 // A guest that holds more objects of a kind guestnet caches than guestbounds.Default admits

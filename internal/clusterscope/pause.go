@@ -12,6 +12,8 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
 )
 
 // SetPausedCondition sets Paused on obj and reports whether obj is paused. CAPI pause is the
@@ -74,6 +76,11 @@ func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestE
 		condition.Reason = guestnetv1.ClusterNotProvisionedReason
 		condition.Message = fmt.Sprintf("Waiting for Cluster %s to be provisioned (status.initialization.infrastructureProvisioned "+
 			"is not true); if it stays so, check the Cluster's conditions", cluster.Name)
+	case isKubeconfigRefused(guestErr):
+		refused, _ := kubeconfig.AsRefused(guestErr)
+		condition.Reason = guestnetv1.KubeconfigRefusedReason
+		condition.Message = status.Bound(fmt.Sprintf("guestnet does not connect to the apiserver of Cluster %s: %v. "+
+			"Once the Secret is corrected, guestnet connects within 30 s", cluster.Name, refused), maxRefusalMessage)
 	case IsGuestTooLarge(guestErr):
 		condition.Reason = guestnetv1.GuestTooLargeReason
 		condition.Message = fmt.Sprintf("The guest of Cluster %s is not cached: %v", cluster.Name, guestErr)
@@ -87,4 +94,13 @@ func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestE
 		condition.Reason = guestnetv1.ClusterAvailableReason
 	}
 	conditions.Set(obj, condition)
+}
+
+// maxRefusalMessage bounds the ClusterAvailable message of a refused kubeconfig (it lists
+// every refused field).
+const maxRefusalMessage = 4096
+
+func isKubeconfigRefused(err error) bool {
+	_, refused := kubeconfig.AsRefused(err)
+	return refused
 }

@@ -11,10 +11,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 )
 
 func newGuestIngress() *guestnetv1.GuestIngress {
@@ -168,6 +170,19 @@ func TestSetClusterAvailableCondition(t *testing.T) {
 			name: "guest apiserver unreachable", cluster: newCluster(provisioned), guestErr: errors.New("connection refused"),
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.GuestUnreachableReason,
 			wantMessage: []string{"Secret guest-kubeconfig", "connection refused"},
+		},
+		{
+			name: "kubeconfig refused", cluster: newCluster(provisioned),
+			guestErr: fmt.Errorf("%w: %w", clustercache.ErrClusterNotConnected, &kubeconfig.RefusedError{
+				Source: "Secret k0smotron/guest-kubeconfig",
+				Problems: []kubeconfig.Problem{
+					{Field: "users[tenant].exec", Why: "runs a command", Fix: "write the credential itself"},
+					{Field: "clusters[tenant].proxy-url", Why: "sends through a proxy", Fix: "remove it"},
+				},
+			}),
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.KubeconfigRefusedReason,
+			wantMessage: []string{"Secret k0smotron/guest-kubeconfig", "users[tenant].exec runs a command: write the credential itself",
+				"clusters[tenant].proxy-url sends through a proxy: remove it", "within 30 s"},
 		},
 		{
 			name: "guest too large to cache", cluster: newCluster(provisioned),

@@ -16,6 +16,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
@@ -41,6 +42,11 @@ func checkCluster(s *State) Result {
 func checkGuest(s *State) Result {
 	r := Result{Check: CheckGuest}
 	g := s.Guest
+	if refused, ok := kubeconfig.AsRefused(g.Err); ok {
+		r.Verdict, r.Detail = Fail, fmt.Sprintf("guestnet's manager and diagnose do not use this kubeconfig, so the guest is not read: %v", refused)
+		r.Fix, r.Runbook = fixKubeconfigRefused, rbKubeconfigRefused
+		return r
+	}
 	if g.Err != nil {
 		r.Verdict, r.Detail = Fail, fmt.Sprintf("the guest apiserver cannot be read through %s: %v", g.Source, g.Err)
 		r.Fix, r.Runbook = fixGuestUnreachable, rbGuestUnreachable
@@ -52,7 +58,7 @@ func checkGuest(s *State) Result {
 
 // workerPods are the pods the worker selector selects: the worker VMs' virt-launcher pods.
 func workerPods(s *State) []corev1.Pod {
-	return matchingPods(s.Pods, virtlauncher.WorkerSelector(s.ClusterName))
+	return matchingPods(s.Pods, virtlauncher.WorkerSelector(s.Namespace, s.ClusterName))
 }
 
 func matchingPods(pods []corev1.Pod, selector map[string]string) []corev1.Pod {
@@ -85,7 +91,7 @@ func countReady(pods []corev1.Pod) int {
 // against the replicas the MachineDeployments want.
 func checkWorkers(s *State) Result {
 	r := Result{Check: CheckWorkers}
-	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(s.ClusterName))
+	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(s.Namespace, s.ClusterName))
 	pods := workerPods(s)
 	ready := countReady(pods)
 	var desired int32
@@ -161,7 +167,7 @@ func vmTemplateLabelKeys(workers []ports.Workers) map[string]bool {
 			}
 		}
 	}
-	for k := range virtlauncher.WorkerSelector("") {
+	for k := range virtlauncher.WorkerSelector("", "") {
 		delete(keys, k)
 	}
 	return keys
@@ -193,7 +199,7 @@ func slicesOf(s *State, service string) []discoveryv1.EndpointSlice {
 // forwards to ports the workers declare.
 func checkServices(s *State) []Result {
 	var out []Result
-	workerSel := virtlauncher.WorkerSelector(s.ClusterName)
+	workerSel := virtlauncher.WorkerSelector(s.Namespace, s.ClusterName)
 	vmKeys := vmTemplateLabelKeys(s.Workers)
 	for _, svc := range hostServices(s) {
 		r := Result{Check: CheckService, Object: svc.Name}

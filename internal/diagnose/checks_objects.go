@@ -43,6 +43,9 @@ func Diagnose(s *State) *Report {
 func conditionRunbook(c *metav1.Condition) string {
 	switch c.Type {
 	case guestnetv1.ClusterAvailableCondition:
+		if c.Reason == guestnetv1.KubeconfigRefusedReason {
+			return rbKubeconfigRefused
+		}
 		return rbGuestUnreachable
 	case guestnetv1.LoadBalancerReadyCondition:
 		return rbNoIP
@@ -140,6 +143,10 @@ func checkAdmission(s *State, gi *guestnetv1.GuestIngress) Result {
 		return r
 	}
 	r.Verdict, r.Detail = Fail, fmt.Sprintf("not admitted (%s): %s", d.Reason, d.Message)
+	if d.Detail != "" {
+		// diagnose is the admin's: it says what the tenant's message leaves out.
+		r.Detail += " " + d.Detail
+	}
 	switch d.Reason {
 	case guestnetv1.NoPolicyReason:
 		r.Fix = fmt.Sprintf("the host admin creates a GuestIngressPolicy whose namespaceSelector selects namespace %s (e.g. "+

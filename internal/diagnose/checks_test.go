@@ -17,6 +17,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
@@ -40,7 +41,7 @@ func TestDiagnose_HealthyStateIsAllOK(t *testing.T) {
 		find(t, rep, item.check, item.object)
 	}
 	g.Expect(find(t, rep, CheckWorkers, "").Detail).To(ContainSubstring(
-		"2 virt-launcher pods (2 ready) match cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
+		"2 virt-launcher pods (2 ready) match capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
 	g.Expect(find(t, rep, CheckAPIService, metricsAPI).Detail).To(Equal(
 		"Available=True through GuestWebhookBridge webhooks (guest Service kube-system/metrics-server:443, host Service tenant-a-kube-system-metrics-server) (certificate not verified: insecureSkipTLSVerify)"))
 	g.Expect(find(t, rep, CheckValidatingWebhook, cmConfig+"/"+cmWebhook).Detail).To(ContainSubstring(
@@ -94,7 +95,7 @@ func TestDiagnose_ServiceSelectingByVMTemplateLabelsFails(t *testing.T) {
 	r := find(t, Diagnose(s), CheckService, "ingress")
 	g.Expect(r.Verdict).To(Equal(Fail))
 	g.Expect(r.Detail).To(ContainSubstring("its selector example.com/pool=md-0 uses example.com/pool of virtualMachineTemplate.metadata.labels, which KubeVirt does not copy to virt-launcher pods"))
-	g.Expect(r.Fix).To(ContainSubstring("select the workers with cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
+	g.Expect(r.Fix).To(ContainSubstring("select the workers with capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher"))
 	g.Expect(r.Runbook).To(Equal("docs/runbook.md#ingress-no-endpoints"))
 
 	// A Service of someone else that selects nothing of the cluster is none of diagnose's business.
@@ -558,6 +559,26 @@ func TestDiagnose_GuestnetObjects(t *testing.T) {
 	})
 }
 
+// A Secret whose kubeconfig guestnet refuses: the guest is not read, the report names the
+// refused field and says how to correct the Secret, or to pass a kubeconfig of one's own.
+func TestDiagnose_KubeconfigRefused(t *testing.T) {
+	g := NewWithT(t)
+	s := healthy(t)
+	s.Guest = &Guest{Source: "Secret k0smotron/tenant-a-kubeconfig", Err: &kubeconfig.RefusedError{
+		Source:   "Secret k0smotron/tenant-a-kubeconfig",
+		Problems: []kubeconfig.Problem{{Field: "users[tenant].exec", Why: "runs a command", Fix: "write the credential itself"}},
+	}}
+	rep := Diagnose(s)
+	r := find(t, rep, CheckGuest, "")
+	g.Expect(r.Verdict).To(Equal(Fail))
+	g.Expect(r.Detail).To(And(ContainSubstring("Secret k0smotron/tenant-a-kubeconfig"), ContainSubstring("users[tenant].exec runs a command")))
+	g.Expect(r.Fix).To(And(ContainSubstring("client-certificate-data"), ContainSubstring("--guest-kubeconfig")))
+	g.Expect(r.Runbook).To(Equal(rbKubeconfigRefused))
+	for _, res := range rep.Results {
+		g.Expect(res.Check).NotTo(BeElementOf(CheckTunnel, CheckAPIService, CheckValidatingWebhook, CheckKonnectivity), "no guest checks without a guest")
+	}
+}
+
 func TestDiagnose_GuestUnreachableAndUnprovisioned(t *testing.T) {
 	g := NewWithT(t)
 	s := healthy(t)
@@ -655,5 +676,5 @@ func TestDiagnose_PodsNotReadable(t *testing.T) {
 	s.EndpointSlices[1].Endpoints = nil
 	r := find(t, Diagnose(s), CheckService, cmHostService)
 	g.Expect(r.Verdict).To(Equal(Fail))
-	g.Expect(r.Detail).To(HavePrefix("no ready endpoint (0 endpoints) for its selector cluster.x-k8s.io/cluster-name=tenant-a"))
+	g.Expect(r.Detail).To(HavePrefix("no ready endpoint (0 endpoints) for its selector capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a"))
 }

@@ -27,7 +27,12 @@ webhook's reachability and TLS, the konnectivity agents, and the conditions of t
 GuestIngresses and GuestWebhookBridges.
 
 It reads the host through --kubeconfig and the guest through the Cluster's
-<cluster>-kubeconfig Secret (or --guest-kubeconfig), and changes nothing.
+<cluster>-kubeconfig Secret (or --guest-kubeconfig), and changes nothing. A tenant can write
+that Secret: diagnose checks it as guestnet's manager does and uses only its inline
+credentials and CA, with the Cluster's spec.controlPlaneEndpoint as server; an exec plugin,
+auth provider, file path, proxy or insecure TLS in it is refused, not run, read or dialled
+(docs/decisions/0006-untrusted-kubeconfigs.md). --guest-kubeconfig is your own file and is
+used as it is, with client-go's defaults (exec plugins included): name only one you trust.
 
 Without --probe, a bridged target's reachability is the bridge's own last probe (status
 .targets, probed by guestnet's controller from the host network). --probe calls every bridged
@@ -62,7 +67,7 @@ func newFlagSet(o *options, out io.Writer) *pflag.FlagSet {
 	fs.StringVar(&o.cluster, "cluster", "", "Name of the CAPI Cluster (required).")
 	fs.StringVarP(&o.output, "output", "o", "text", "Output format: text (one line per check) or json.")
 	fs.BoolVar(&o.probe, "probe", false, "Call every bridged target and webhook url now, from here (needs host ClusterIPs to be reachable).")
-	fs.StringVar(&o.guestKubeconfig, "guest-kubeconfig", "", "Kubeconfig of the guest cluster, instead of the Cluster's <cluster>-kubeconfig Secret.")
+	fs.StringVar(&o.guestKubeconfig, "guest-kubeconfig", "", "Kubeconfig of the guest cluster, instead of the Cluster's <cluster>-kubeconfig Secret; your own file, used as it is (exec plugins and files included), unlike the Secret, which is checked.")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "Time limit of the whole run.")
 	fs.DurationVar(&o.requestTimeout, "request-timeout", 15*time.Second, "Time limit of each request to the host or guest apiserver.")
 	fs.Usage = func() {
@@ -126,7 +131,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	state, err := Gather(ctx, host, gather)
 	if err != nil {
-		fmt.Fprintf(stderr, "manager diagnose: reading the host cluster: %v\n", err)
+		fmt.Fprintf(stderr, "manager diagnose: reading the host cluster: %s\n", terminalSafe(err.Error()))
 		return ExitUsage
 	}
 	if o.probe {

@@ -17,12 +17,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/kubeconfig"
+	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
@@ -129,13 +130,23 @@ func admission(ctx context.Context, host client.Reader, ingresses []guestnetv1.G
 }
 
 // readGuest reads the guest through the Cluster's kubeconfig Secret (or o.GuestConfig). It
-// returns the client it used when the guest could be read.
+// returns the client it used when the guest could be read. The Secret's kubeconfig is
+// checked as guestnet's manager checks it (internal/kubeconfig): a tenant can write it, and
+// diagnose runs with the rights of the admin who runs it, so an exec plugin, a file, a proxy
+// or a server that is not the Cluster's endpoint is refused (Guest.Err is then a
+// *kubeconfig.RefusedError) before anything is read, run or dialled.
 func readGuest(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster, o GatherOptions) (*Guest, client.Reader) {
 	g := &Guest{Source: o.GuestSource}
 	cfg := o.GuestConfig
 	if cfg == nil {
-		g.Source = fmt.Sprintf("Secret %s/%s-kubeconfig", cluster.Namespace, cluster.Name)
-		data, err := kubeconfig.FromSecret(ctx, host, client.ObjectKeyFromObject(cluster))
+		name := secret.Name(cluster.Name, secret.Kubeconfig)
+		g.Source = fmt.Sprintf("Secret %s/%s", cluster.Namespace, name)
+		s := &corev1.Secret{}
+		if err := host.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, s); err != nil {
+			g.Err = err
+			return g, nil
+		}
+		data, err := kubeconfig.FromSecret(s, cluster)
 		if err != nil {
 			g.Err = err
 			return g, nil

@@ -103,7 +103,7 @@ func workerPod(suffix, ip string, ready bool) corev1.Pod {
 	if !ready {
 		status = corev1.ConditionFalse
 	}
-	labels := virtlauncher.WorkerSelector(clusterName)
+	labels := virtlauncher.WorkerSelector(ns, clusterName)
 	labels["kubevirt.io/vm"] = "tenant-a-md-0-" + suffix
 	return corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "virt-launcher-tenant-a-md-0-" + suffix, Labels: labels, UID: types.UID("uid-" + ip)},
@@ -161,7 +161,7 @@ func addHostService(s *State, name string, ready bool) {
 			ownership.ManagedByLabel: ownership.ManagedByValue, ownership.ClusterNameLabel: clusterName}},
 		Spec: corev1.ServiceSpec{
 			Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.97.0." + string(rune('1'+len(s.Services))),
-			Selector: virtlauncher.WorkerSelector(clusterName),
+			Selector: virtlauncher.WorkerSelector(ns, clusterName),
 			Ports:    []corev1.ServicePort{{Name: "https", Port: 443, TargetPort: intstr.FromInt32(30064)}},
 		},
 	})

@@ -111,10 +111,11 @@ func (r *Report) Count(v Verdict) int {
 }
 
 // WriteText prints one line per result: "[FAIL] <check> <object>: <detail>. Fix: <fix>
-// (docs/runbook.md#...)", then a summary line.
+// (docs/runbook.md#...)", then a summary line. What it prints cannot drive a terminal
+// (terminalSafe).
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "guestnet diagnose: Cluster %s/%s\n", r.Namespace, r.Cluster)
+	fmt.Fprintf(&b, "guestnet diagnose: Cluster %s/%s\n", terminalSafe(r.Namespace), terminalSafe(r.Cluster))
 	for _, res := range r.Results {
 		b.WriteString(res.Line())
 		b.WriteByte('\n')
@@ -131,8 +132,12 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// Line renders the result as the text output does.
+// Line renders the result as the text output does, safe for a terminal (terminalSafe).
 func (res Result) Line() string {
+	return terminalSafe(res.line())
+}
+
+func (res Result) line() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-6s %s", "["+string(res.Verdict)+"]", res.Check)
 	if res.Object != "" {

@@ -7,6 +7,7 @@ const (
 	runbookDoc = "docs/runbook.md"
 
 	rbGuestUnreachable    = runbookDoc + "#guest-unreachable"
+	rbKubeconfigRefused   = runbookDoc + "#kubeconfig-refused"
 	rbNoWorkers           = runbookDoc + "#no-worker-pods"
 	rbNoEndpoints         = runbookDoc + "#ingress-no-endpoints"
 	rbUndeclaredPort      = runbookDoc + "#ingress-undeclared-port"
@@ -31,6 +32,10 @@ const (
 		"(kubectl logs -n guestnet-system deploy/guestnet-controller-manager; its --namespace and --watch-filter flags)"
 	fixGuestUnreachable = "check the guest control plane pods and the <cluster>-kubeconfig Secret; " +
 		"guestnet changes nothing in a guest it cannot reach"
+	fixKubeconfigRefused = "correct the <cluster>-kubeconfig Secret as each refused field says: inline credentials " +
+		"(client-certificate-data and client-key-data, or token), inline certificate-authority-data, and the Cluster's " +
+		"spec.controlPlaneEndpoint as server (a tenant may have written it: see who did). diagnose never runs, reads or dials " +
+		"what the Secret names; to read the guest anyway, pass a kubeconfig of your own with --guest-kubeconfig (used as it is)"
 	fixUnprobed = "wait for the bridge's next probe (every 10 s while a target is not reachable), " +
 		"or run diagnose with --probe from where host ClusterIPs are reachable (a pod or node of the host)"
 )

@@ -96,10 +96,13 @@ func SetPoolNotFound(gi *guestnetv1.GuestIngress) {
 }
 
 // SetCiliumPoolConflict records that Cilium marked the pool as overlapping another one.
+// Cilium's message names the other pool, which is the platform's or another namespace's:
+// the tenant reads its reason only, the admin the message in the manager's log (Withheld).
 func SetCiliumPoolConflict(gi *guestnetv1.GuestIngress, pool string, c *metav1.Condition) {
 	set(gi, guestnetv1.LoadBalancerReadyCondition, metav1.ConditionFalse, guestnetv1.PoolConflictReason,
-		fmt.Sprintf("Cilium reports CiliumLoadBalancerIPPool %s as conflicting (%s: %s): an overlapping pool stops it from allocating. "+
-			"Make the pools disjoint (kubectl get ippools)", pool, c.Reason, c.Message))
+		fmt.Sprintf("Cilium reports CiliumLoadBalancerIPPool %s as conflicting (%s): a pool that overlaps it, of the platform or of another "+
+			"namespace's GuestIngress, stops it from allocating. Choose other spec.loadBalancer.cidrs, or ask the host admin (the manager's log "+
+			"names the other pool)", pool, c.Reason))
 }
 
 // SetIPPending records that the host Service has no load-balancer IP yet. ipam is the Service's
@@ -142,7 +145,7 @@ func SetNoHostService(gi *guestnetv1.GuestIngress) {
 // SetEndpoints reports the host Service's endpoints: ready of total worker virt-launcher
 // pods its selector matched.
 func SetEndpoints(gi *guestnetv1.GuestIngress, namespace, service string, ready, total int32) {
-	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(gi.Spec.ClusterName))
+	sel := virtlauncher.FormatSelector(virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName))
 	switch {
 	case ready > 0:
 		set(gi, guestnetv1.EndpointsReadyCondition, metav1.ConditionTrue, guestnetv1.ReadyReason,

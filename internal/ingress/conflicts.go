@@ -134,8 +134,13 @@ type Conflict struct {
 	Reason string
 	// Holder names who keeps the address: "<namespace>/<name>" of a GuestIngress, or
 	// "CiliumLoadBalancerIPPool <name>".
-	Holder  string
-	Message string
+	Holder string
+	// Who says who keeps it in words the tenant may read: "GuestIngress web of this
+	// namespace", "another namespace's GuestIngress", "a pool of the platform".
+	Who string
+	// Message is the tenant's: it names only objects of the tenant's own namespace. Detail
+	// is what it leaves out (the holder, its Cluster, pool and ranges), for the manager's log.
+	Message, Detail string
 	// Release: the refused GuestIngress's own objects occupy address space the holder keeps,
 	// so they are deleted. Otherwise its objects (if it has any) stay as they are and nothing
 	// of its new spec is applied.
@@ -213,23 +218,100 @@ func reverse(reason string) string {
 	return guestnetv1.PoolConflictReason
 }
 
+// conflictWith is c's conflict with holder. A holder of c's namespace is named, with its
+// Cluster, pool and what it asks for; one of another namespace is not: the tenant learns that
+// another namespace's GuestIngress keeps the addresses of its own claim that collide, and
+// the admin reads which one in the manager's log (Detail).
 func conflictWith(c, holder Claimant, reason string, release bool) *Conflict {
 	gi, h := c.GuestIngress, holder.GuestIngress
 	since := "created earlier"
 	if holder.Holds() {
 		since = "it holds them on the host"
 	}
-	who := fmt.Sprintf("GuestIngress %s/%s (cluster %s, %s)", h.Namespace, h.Name, h.Spec.ClusterName, since)
 	outcome := outcomeOf(c, release)
-	var msg string
-	if reason == guestnetv1.IPConflictReason {
-		msg = fmt.Sprintf("IP %s is already claimed by %s, which asks for %s and keeps it; %s. Choose another spec.loadBalancer.ip, or delete %s/%s",
-			gi.Spec.LoadBalancer.IP, who, holder.Wants(), outcome, h.Namespace, h.Name)
-	} else {
-		msg = fmt.Sprintf("The pool ranges %s overlap %s of %s (pool %s), which keeps them; Cilium would stop allocating from both pools, so %s. "+
-			"Choose ranges that do not overlap", c.Wants(), holder.Wants(), who, hostnames.Pool(h), outcome)
+	conflict := &Conflict{Reason: reason, Holder: holder.key(), Release: release,
+		Detail: fmt.Sprintf("GuestIngress %s/%s (cluster %s, %s) asks for %s and keeps it (pool %s)", h.Namespace, h.Name, h.Spec.ClusterName, since,
+			holder.Wants(), hostnames.Pool(h))}
+	if h.Namespace == gi.Namespace {
+		conflict.Who = fmt.Sprintf("GuestIngress %s of this namespace", h.Name)
+		who := fmt.Sprintf("%s (cluster %s, %s)", conflict.Who, h.Spec.ClusterName, since)
+		if reason == guestnetv1.IPConflictReason {
+			conflict.Message = fmt.Sprintf("IP %s is already claimed by %s, which asks for %s and keeps it; %s. Choose another spec.loadBalancer.ip, or delete GuestIngress %s",
+				gi.Spec.LoadBalancer.IP, who, holder.Wants(), outcome, h.Name)
+		} else {
+			conflict.Message = fmt.Sprintf("The pool ranges %s overlap %s of %s (pool %s), which keeps them; Cilium would stop allocating from both pools, so %s. "+
+				"Choose ranges that do not overlap", c.Wants(), holder.Wants(), who, hostnames.Pool(h), outcome)
+		}
+		return conflict
 	}
-	return &Conflict{Reason: reason, Holder: holder.key(), Message: msg, Release: release}
+	conflict.Who = "another namespace's GuestIngress"
+	if reason == guestnetv1.IPConflictReason {
+		conflict.Message = fmt.Sprintf("IP %s is already claimed by another namespace's GuestIngress (%s), which keeps it; %s. "+
+			"Choose another spec.loadBalancer.ip, one your GuestIngressPolicy admits that no one else holds, or ask the host admin",
+			gi.Spec.LoadBalancer.IP, since, outcome)
+	} else {
+		kept := holder.Wants()
+		kept.Prefixes = append(kept.Prefixes, holder.Held.Prefixes...)
+		conflict.Message = fmt.Sprintf("%s already claimed by another namespace's GuestIngress (%s), which keeps them; "+
+			"Cilium would stop allocating from both pools, so %s. Choose ranges that do not overlap them, or ask the host admin",
+			takenOf(c.Wants().withIP(), kept.withIP()), since, outcome)
+	}
+	return conflict
+}
+
+// takenOf says which addresses of the tenant's own ranges mine another's overlap, naming
+// nothing of the other's outside them: "The pool ranges 10.2.6.0/29 are" when all of them,
+// "The addresses 10.2.6.4/30 of the pool ranges 10.2.6.0/24 are" otherwise.
+func takenOf(mine, other []netip.Prefix) string {
+	taken := Overlapping(mine, other)
+	if slices.Equal(taken, mine) {
+		return fmt.Sprintf("The pool ranges %s are", addresses(mine))
+	}
+	return fmt.Sprintf("The addresses %s of the pool ranges %s are", addresses(taken), addresses(mine))
+}
+
+// addresses renders prefixes for messages, a single address without its length:
+// "10.2.6.216/29, 10.2.6.220".
+func addresses(prefixes []netip.Prefix) string {
+	parts := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		parts[i] = p.String()
+		if p.IsSingleIP() {
+			parts[i] = p.Addr().String()
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// withIP is the claim's ranges with its IP as a one-address range.
+func (c Claim) withIP() []netip.Prefix {
+	out := slices.Clone(c.Prefixes)
+	if c.IP.IsValid() {
+		out = append(out, netip.PrefixFrom(c.IP, c.IP.BitLen()))
+	}
+	return out
+}
+
+// Overlapping is the part of mine that other overlaps, as prefixes of mine (or the narrower
+// of other's inside them): what a message may show a tenant of another's address space,
+// nothing outside its own.
+func Overlapping(mine, other []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, m := range mine {
+		for _, o := range other {
+			if !m.Overlaps(o) {
+				continue
+			}
+			p := m
+			if o.Bits() > m.Bits() {
+				p = o
+			}
+			if !slices.Contains(out, p.Masked()) {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
 }
 
 // outcomeOf says what happens to a refused GuestIngress's host objects.
@@ -266,10 +348,12 @@ func ForeignPoolConflict(gi *guestnetv1.GuestIngress, held Claim, foreign []*uns
 		return &Conflict{
 			Reason: guestnetv1.PoolConflictReason,
 			Holder: "CiliumLoadBalancerIPPool " + pool.GetName(),
-			Message: fmt.Sprintf("The pool ranges %s overlap CiliumLoadBalancerIPPool %s (%s), which guestnet does not manage: Cilium disables the newer "+
-				"of two overlapping pools (either one, when they were created in the same second), so %s. Choose spec.loadBalancer.cidrs or .ip outside it, "+
-				"or, if it is a shared pool you may use, name it in spec.loadBalancer.poolRef",
-				Claim{Prefixes: want}, pool.GetName(), Claim{Prefixes: blocks}, outcomeOf(c, release)),
+			Who:    "a pool of the platform",
+			Message: fmt.Sprintf("%s in a pool of the platform, which guestnet does not manage: Cilium disables the newer "+
+				"of two overlapping pools (either one, when they were created in the same second), so %s. Choose spec.loadBalancer.cidrs or .ip outside them, "+
+				"or, if the platform offers you a shared pool, name it in spec.loadBalancer.poolRef",
+				takenOf(want, blocks), outcomeOf(c, release)),
+			Detail:  fmt.Sprintf("CiliumLoadBalancerIPPool %s (%s) overlaps the ranges", pool.GetName(), Claim{Prefixes: blocks}),
 			Release: release,
 		}
 	}

@@ -60,6 +60,7 @@ func TestContest(t *testing.T) {
 		wantReason  string
 		wantHolder  string
 		wantText    string
+		wantDetail  string
 		wantRelease bool
 	}{
 		{name: "alone", self: claimant("a", "web", 1, ip("10.2.6.220"))},
@@ -68,8 +69,18 @@ func TestContest(t *testing.T) {
 			self:       claimant("b", "web", 2, ip("10.2.6.220")),
 			others:     []Claimant{claimant("a", "web", 1, ip("10.2.6.220"))},
 			wantReason: guestnetv1.IPConflictReason, wantHolder: "a/web",
-			wantText: "IP 10.2.6.220 is already claimed by GuestIngress a/web (cluster tenant-a, created earlier), which asks for 10.2.6.220/32 and keeps it; " +
+			// Another namespace's: not named to the tenant (Detail names it, for the log).
+			wantText: "IP 10.2.6.220 is already claimed by another namespace's GuestIngress (created earlier), which keeps it; " +
 				"guestnet created no host objects for this GuestIngress",
+			wantDetail: "GuestIngress a/web (cluster tenant-a, created earlier) asks for 10.2.6.220/32 and keeps it (pool a.tenant-a-web)",
+		},
+		{
+			name:       "same IP in this namespace, the other is older: named",
+			self:       claimant("a", "web-2", 2, ip("10.2.6.220")),
+			others:     []Claimant{claimant("a", "web", 1, ip("10.2.6.220"))},
+			wantReason: guestnetv1.IPConflictReason, wantHolder: "a/web",
+			wantText: "IP 10.2.6.220 is already claimed by GuestIngress web of this namespace (cluster tenant-a, created earlier), which asks for 10.2.6.220/32 " +
+				"and keeps it; guestnet created no host objects for this GuestIngress. Choose another spec.loadBalancer.ip, or delete GuestIngress web",
 		},
 		{name: "same IP, this one is older: it keeps it", self: claimant("a", "web", 1, ip("10.2.6.220")), others: []Claimant{claimant("b", "web", 2, ip("10.2.6.220"))}},
 		{
@@ -107,7 +118,14 @@ func TestContest(t *testing.T) {
 			self:       claimant("b", "web", 2, cidrs("10.2.6.0/24")),
 			others:     []Claimant{claimant("a", "web", 1, cidrs("10.2.6.216/29"))},
 			wantReason: guestnetv1.PoolConflictReason, wantHolder: "a/web",
-			wantText: "The pool ranges 10.2.6.0/24 overlap 10.2.6.216/29 of GuestIngress a/web",
+			wantText: "The addresses 10.2.6.216/29 of the pool ranges 10.2.6.0/24 are already claimed by another namespace's GuestIngress (created earlier)",
+		},
+		{
+			name:       "overlapping pools in this namespace",
+			self:       claimant("a", "web-2", 2, cidrs("10.2.6.0/24")),
+			others:     []Claimant{claimant("a", "web", 1, cidrs("10.2.6.216/29"))},
+			wantReason: guestnetv1.PoolConflictReason, wantHolder: "a/web",
+			wantText: "The pool ranges 10.2.6.0/24 overlap 10.2.6.216/29 of GuestIngress web of this namespace (cluster tenant-a, created earlier) (pool a.tenant-a-web)",
 		},
 		{name: "disjoint pools", self: claimant("b", "web", 2, cidrs("10.2.7.0/24")), others: []Claimant{claimant("a", "web", 1, cidrs("10.2.6.0/24"))}},
 		{name: "a shared pool and different IPs", self: claimant("b", "web", 2, poolRef("10.2.6.221")), others: []Claimant{claimant("a", "web", 1, poolRef("10.2.6.220"))}},
@@ -200,6 +218,7 @@ func TestContest(t *testing.T) {
 				g.Expect(c.Reason).To(Equal(tt.wantReason))
 				g.Expect(c.Holder).To(Equal(tt.wantHolder))
 				g.Expect(c.Message).To(ContainSubstring(tt.wantText))
+				g.Expect(c.Detail).To(ContainSubstring(tt.wantDetail))
 				g.Expect(c.Release).To(Equal(tt.wantRelease))
 			}
 			expectNoTwoKeptCollide(g, append([]Claimant{tt.self}, tt.others...))
@@ -282,11 +301,21 @@ func TestForeignPoolConflict(t *testing.T) {
 	g.Expect(c).NotTo(BeNil())
 	g.Expect(c.Reason).To(Equal(guestnetv1.PoolConflictReason))
 	g.Expect(c.Holder).To(Equal("CiliumLoadBalancerIPPool admin"))
-	g.Expect(c.Message).To(ContainSubstring("The pool ranges 10.2.6.88/29 overlap CiliumLoadBalancerIPPool admin (10.2.6.64/27), which guestnet does not manage"))
+	g.Expect(c.Message).To(ContainSubstring("The pool ranges 10.2.6.88/29 are in a pool of the platform, which guestnet does not manage"))
+	g.Expect(c.Message).NotTo(ContainSubstring("admin"), "the platform's pools are not named to a tenant")
+	g.Expect(c.Detail).To(Equal("CiliumLoadBalancerIPPool admin (10.2.6.64/27) overlaps the ranges"))
 	// Cilium's LB-IPAM (run for real in the lab, TestLab_RealLBIPAM) disables one pool of an
 	// overlapping pair created in the same second, whichever it meets first, never both.
 	g.Expect(c.Message).To(ContainSubstring("Cilium disables the newer of two overlapping pools (either one, when they were created in the same second)"))
 	g.Expect(c.Release).To(BeFalse())
+
+	// Ranges only part of which the admin's pool holds: the message shows that part alone.
+	wide := newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = cidrs("10.2.6.0/24") })
+	g.Expect(ForeignPoolConflict(wide, Claim{}, []*unstructured.Unstructured{admin}).Message).To(
+		ContainSubstring("The addresses 10.2.6.64/27 of the pool ranges 10.2.6.0/24 are in a pool of the platform"))
+	single := newGI(func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer = ip("10.2.6.70") })
+	g.Expect(ForeignPoolConflict(single, Claim{}, []*unstructured.Unstructured{admin}).Message).To(
+		ContainSubstring("The pool ranges 10.2.6.70 are in a pool of the platform"))
 
 	// Its own pool already overlaps the admin's: it goes, so that Cilium enables the admin's.
 	c = ForeignPoolConflict(gi, Claim{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.2.6.88/29")}}, []*unstructured.Unstructured{admin})

@@ -163,14 +163,46 @@ func Restore(live *corev1.Service) (patches []RestorePatch, recorded bool) {
 		if rp.NodePort == 0 || i < 0 || live.Spec.Ports[i].NodePort == rp.NodePort {
 			continue
 		}
-		path := fmt.Sprintf("/spec/ports/%d", i)
-		patches = append(patches, RestorePatch{What: fmt.Sprintf("nodePort %d of port %d/%s", rp.NodePort, rp.Port, rp.Protocol), Patch: jsonPatch(
-			op{Op: "test", Path: path + "/port", Value: rp.Port},
-			op{Op: "test", Path: path + "/nodePort", Value: live.Spec.Ports[i].NodePort},
-			op{Op: "replace", Path: path + "/nodePort", Value: rp.NodePort},
-		)})
+		patches = append(patches, nodePortPatch(live, i, rp.NodePort))
 	}
 	return patches, true
+}
+
+// RestoreDropped lists the patches that give the guest Service back the nodePort the record
+// says it had, for each port whose nodePort guestnet fixed but gi no longer fixes: a port
+// dropped from spec.ports, or one whose spec.ports[].nodePort was removed (guestnet follows
+// it from then on). They come before the apply of GuestService, which then gives up
+// guestnet's ownership of those nodePorts and their entries in the record, and keeps the
+// rest. A port whose record has no nodePort (the Service had none: guestnet made it
+// NodePort) keeps the one it has until the type is given back.
+func RestoreDropped(gi *guestnetv1.GuestIngress, live *corev1.Service) []RestorePatch {
+	owned := ownedByGuestnet(live)
+	record := readRecord(live)
+	var patches []RestorePatch
+	for i, lp := range live.Spec.Ports {
+		if !ownsNodePort(owned, lp) {
+			continue
+		}
+		if p, ok := specPort(gi, lp); ok && p.NodePort != nil {
+			continue // still fixed
+		}
+		if original := record.nodePort(lp); original != 0 && original != lp.NodePort {
+			patches = append(patches, nodePortPatch(live, i, original))
+		}
+	}
+	return patches
+}
+
+// nodePortPatch puts nodePort back on the port at index i of live, if that port and its
+// nodePort are still what live says.
+func nodePortPatch(live *corev1.Service, i int, nodePort int32) RestorePatch {
+	lp := live.Spec.Ports[i]
+	path := fmt.Sprintf("/spec/ports/%d", i)
+	return RestorePatch{What: fmt.Sprintf("nodePort %d of port %d/%s", nodePort, lp.Port, protocolOf(lp)), Patch: jsonPatch(
+		op{Op: "test", Path: path + "/port", Value: lp.Port},
+		op{Op: "test", Path: path + "/nodePort", Value: lp.NodePort},
+		op{Op: "replace", Path: path + "/nodePort", Value: nodePort},
+	)}
 }
 
 // LeftInGuest describes what guestnet changed on the guest Service and cannot give back when
@@ -394,4 +426,78 @@ func ServicePortsString(svc *corev1.Service) string {
 		return "no ports"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// GuestServiceRivals are the other GuestIngresses of gi's Cluster that stand between gi and
+// the guest Service of its spec.guestService (see GuestServiceRivalsOf). guestnet writes to a
+// guest Service for one GuestIngress only: applies of two with different ports would undo
+// each other forever (they share the field manager) and corrupt the record.
+type GuestServiceRivals struct {
+	// Owner names the GuestIngress that owns the Service when it is not gi: the oldest
+	// (creationTimestamp, then name) of those of the Cluster that name it and may hold
+	// anything (as claimants of address space: Cluster there, nothing paused or being deleted,
+	// admitted; a claim that cannot hold anything blocks nobody).
+	Owner string
+	// Holder names another GuestIngress whose status.guestService says it has not given the
+	// Service back yet: nobody else takes the Service before it has.
+	Holder string
+}
+
+// GuestServiceRivalsOf finds gi's rivals among all (every GuestIngress guestnet knows; gi may
+// be among them); eligible says whether one may hold anything. The owner is the oldest of the
+// Cluster's GuestIngresses that name the Service and are eligible (gi among them when it is);
+// when none is, gi is left to itself (it writes nothing anyway). The Cluster's GuestIngresses
+// are those of gi's namespace with its spec.clusterName: a guest Service of another
+// namespace's Cluster is another guest's.
+func GuestServiceRivalsOf(gi *guestnetv1.GuestIngress, all []guestnetv1.GuestIngress, eligible func(*guestnetv1.GuestIngress) bool) GuestServiceRivals {
+	var r GuestServiceRivals
+	var owner *guestnetv1.GuestIngress
+	if eligible(gi) {
+		owner = gi
+	}
+	for i := range all {
+		other := &all[i]
+		if other.Namespace != gi.Namespace || other.Name == gi.Name || other.Spec.ClusterName != gi.Spec.ClusterName {
+			continue
+		}
+		if held := other.Status.GuestService; held != nil && *held == gi.Spec.GuestService && (r.Holder == "" || other.Name < r.Holder) {
+			r.Holder = other.Name
+		}
+		if other.Spec.GuestService == gi.Spec.GuestService && other.DeletionTimestamp.IsZero() &&
+			(owner == nil || olderThan(other, owner)) && eligible(other) {
+			owner = other
+		}
+	}
+	if owner != nil && owner != gi {
+		r.Owner = owner.Name
+	}
+	return r
+}
+
+// olderThan orders GuestIngresses by creationTimestamp, then name (timestamps have a
+// resolution of a second): every reconcile decides the same.
+func olderThan(a, b *guestnetv1.GuestIngress) bool {
+	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+		return c < 0
+	}
+	return a.Name < b.Name
+}
+
+// guestServiceClaimed is the refusal of a GuestIngress whose guest Service another
+// GuestIngress of its Cluster (always one of its namespace) owns or still holds; nil when
+// there is none.
+func guestServiceClaimed(gi *guestnetv1.GuestIngress, r GuestServiceRivals) *Refusal {
+	ref := guestServiceRef(gi)
+	switch {
+	case r.Owner != "":
+		return &Refusal{Reason: guestnetv1.GuestServiceClaimedReason, Message: fmt.Sprintf(
+			"Service %s in the guest is exposed by GuestIngress %s of this namespace, created earlier: guestnet writes to a guest Service "+
+				"for one GuestIngress only, and changes nothing for this one, in the guest or on the host. Point spec.guestService at another "+
+				"Service, or delete one of the two GuestIngresses (this one takes the Service over once %s is gone)", ref, r.Owner, r.Owner)}
+	case r.Holder != "":
+		return &Refusal{Reason: guestnetv1.GuestServiceClaimedReason, Message: fmt.Sprintf(
+			"GuestIngress %s of this namespace has not given Service %s in the guest back yet; guestnet does so for it as soon as the "+
+				"guest apiserver answers, and changes nothing for this GuestIngress, in the guest or on the host, until then", r.Holder, ref)}
+	}
+	return nil
 }

@@ -104,7 +104,7 @@ func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) *corev
 			WithBlockOwnerDeletion(true)).
 		WithSpec(corev1ac.ServiceSpec().
 			WithType(corev1.ServiceTypeLoadBalancer).
-			WithSelector(virtlauncher.WorkerSelector(gi.Spec.ClusterName)).
+			WithSelector(virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName)).
 			WithPorts(ports...).
 			WithLoadBalancerClass(LoadBalancerClass(gi)).
 			WithAllocateLoadBalancerNodePorts(false).

@@ -68,8 +68,8 @@ func TestSetEndpoints(t *testing.T) {
 		{
 			name: "nothing selected", wantStatus: metav1.ConditionFalse,
 			wantMessage: []string{
-				"The selector cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service k0smotron/tenant-a-web matches no pod",
-				"kubectl get pods -n k0smotron -l cluster.x-k8s.io/cluster-name=tenant-a,",
+				"The selector capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher of Service k0smotron/tenant-a-web matches no pod",
+				"kubectl get pods -n k0smotron -l capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,",
 			},
 		},
 		{name: "selected, none ready", total: 2, wantStatus: metav1.ConditionFalse, wantMessage: []string{"2 worker virt-launcher pods match", "none is ready"}},
@@ -127,10 +127,11 @@ func TestLoadBalancerConditions(t *testing.T) {
 	g.Expect(c.Reason).To(Equal(guestnetv1.IPPendingReason))
 	g.Expect(c.Message).To(ContainSubstring("Cilium says cilium.io/IPAMRequestSatisfied=False (no_pool: no pool matches)"))
 
-	SetCiliumPoolConflict(gi, "k0smotron.tenant-a-web", &metav1.Condition{Reason: "cidr_overlap", Message: "Pool conflicts since range '10.98.0.8/29' overlaps range '10.98.0.0/28' from IP Pool 'other'"})
+	SetCiliumPoolConflict(gi, "k0smotron.tenant-a-web", &metav1.Condition{Reason: "cidr_overlap", Message: "Pool conflicts since range '10.98.0.8/29' overlaps range '10.98.0.0/28' from IP Pool 'admins-pool'"})
 	c = conditions.Get(gi, guestnetv1.LoadBalancerReadyCondition)
 	g.Expect(c.Reason).To(Equal(guestnetv1.PoolConflictReason))
-	g.Expect(c.Message).To(ContainSubstring("Pool conflicts since range '10.98.0.8/29' overlaps range '10.98.0.0/28' from IP Pool 'other'"))
+	g.Expect(c.Message).To(ContainSubstring("Cilium reports CiliumLoadBalancerIPPool k0smotron.tenant-a-web as conflicting (cidr_overlap)"))
+	g.Expect(c.Message).NotTo(ContainSubstring("admins-pool"), "Cilium's message names the other pool: the platform's or another namespace's")
 
 	SetLoadBalancerReady(gi, svc, "10.2.6.220", "k0smotron.tenant-a-web", "k0smotron.tenant-a-web")
 	g.Expect(conditions.IsTrue(gi, guestnetv1.LoadBalancerReadyCondition)).To(BeTrue())

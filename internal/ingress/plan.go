@@ -33,6 +33,10 @@ type Admission struct {
 	Reason, Message string
 	// Announcement is where the L2 announcement policy announces from.
 	Announcement Announcement
+	// Detail is what Message leaves out because it is not the tenant's to read (which
+	// policy that does not select the namespace would allow it, which of the platform's
+	// pools stand in the way), for the manager's log; "" when nothing is left out.
+	Detail string
 }
 
 // Observed is what one reconcile saw of the world, before it changed anything.
@@ -55,6 +59,9 @@ type Observed struct {
 	// spec.guestService (nil when it does not exist).
 	GuestReachable bool
 	GuestService   *corev1.Service
+	// GuestServiceRivals are the other GuestIngresses of the Cluster that own or still hold
+	// the guest Service of spec.guestService.
+	GuestServiceRivals GuestServiceRivals
 
 	// The host objects guestnet creates for this GuestIngress, nil when there is none.
 	// Foreign names the first one whose name is taken by an object guestnet did not create
@@ -75,9 +82,10 @@ func (o *Observed) Eligible() bool {
 }
 
 // Refusal is why the GuestIngress gets none of its spec's changes on the host: a condition
-// reason of LoadBalancerReady and its message.
+// reason of LoadBalancerReady and its message (the tenant's), and what the message leaves out
+// for the manager's log (Detail, "" when nothing).
 type Refusal struct {
-	Reason, Message string
+	Reason, Message, Detail string
 }
 
 // Plan is what the controller writes.
@@ -90,6 +98,16 @@ type Plan struct {
 	// Refusal, when set, means nothing of the spec is applied (guest or host); the host
 	// objects are deleted when Withdraw is also set, else left as they are.
 	Refusal *Refusal
+
+	// ReleaseGuestService is the guest Service guestnet holds for this GuestIngress
+	// (status.guestService) and gives back first, restored and released as at deletion:
+	// spec.guestService names another one, or another GuestIngress owns it. nil when none.
+	// Giving back is never refused.
+	ReleaseGuestService *guestnetv1.ObjectReference
+	// TakesGuestService: guestnet may write to the guest Service of spec.guestService for
+	// this GuestIngress (once the one it held is given back); status.guestService names it
+	// from then on.
+	TakesGuestService bool
 
 	// GuestService is applied to the guest Service; nil when there is nothing to apply.
 	GuestService *corev1ac.ServiceApplyConfiguration
@@ -119,12 +137,15 @@ type Plan struct {
 func MakePlan(o *Observed) *Plan {
 	gi := o.GuestIngress
 	p := &Plan{}
-	switch {
-	case o.Cluster == nil || !o.Cluster.DeletionTimestamp.IsZero():
+	if o.Cluster == nil || !o.Cluster.DeletionTimestamp.IsZero() {
 		// Its workers are gone (or going) with the Cluster: nothing is left to expose.
 		p.Withdraw, p.WithdrawReason, p.WithdrawMessage = true, guestnetv1.ClusterNotFoundReason, "its Cluster is gone or being deleted"
 		return p
-	case !o.Admission.Admitted:
+	}
+	// What guestnet holds in the guest and must give back is given back whatever else is
+	// decided: the guest is the tenant's own, and giving back takes nothing.
+	p.ReleaseGuestService = guestServiceToRelease(gi, o.GuestServiceRivals)
+	if !o.Admission.Admitted {
 		p.Withdraw, p.WithdrawReason, p.WithdrawMessage = true, o.Admission.Reason, "not admitted: "+o.Admission.Message
 		return p
 	}
@@ -137,9 +158,9 @@ func MakePlan(o *Observed) *Plan {
 		conflict = Contest(o.Self, o.Claimants)
 	}
 	if conflict != nil {
-		p.Refusal = &Refusal{Reason: conflict.Reason, Message: conflict.Message}
+		p.Refusal = &Refusal{Reason: conflict.Reason, Message: conflict.Message, Detail: conflict.Detail}
 		if conflict.Release {
-			p.Withdraw, p.WithdrawReason, p.WithdrawMessage = true, conflict.Reason, "its address space is kept by "+conflict.Holder
+			p.Withdraw, p.WithdrawReason, p.WithdrawMessage = true, conflict.Reason, "its address space is kept by "+conflict.Who
 		}
 		return p
 	}
@@ -147,6 +168,11 @@ func MakePlan(o *Observed) *Plan {
 		p.Refusal = &Refusal{Reason: guestnetv1.HostObjectConflictReason, Message: hostObjectConflictMessage(o.Foreign)}
 		return p
 	}
+	if refusal := guestServiceClaimed(gi, o.GuestServiceRivals); refusal != nil {
+		p.Refusal = refusal
+		return p
+	}
+	p.TakesGuestService = true
 	if !o.GuestReachable {
 		return p // ClusterAvailable says why; the host objects stay as they are
 	}
@@ -183,6 +209,16 @@ func MakePlan(o *Observed) *Plan {
 		}
 	}
 	return p
+}
+
+// guestServiceToRelease is the guest Service gi holds (status.guestService) and must give
+// back: one its spec no longer names, or one another GuestIngress owns. nil when none.
+func guestServiceToRelease(gi *guestnetv1.GuestIngress, rivals GuestServiceRivals) *guestnetv1.ObjectReference {
+	held := gi.Status.GuestService
+	if held == nil || (*held == gi.Spec.GuestService && rivals.Owner == "") {
+		return nil
+	}
+	return held.DeepCopy()
 }
 
 // ReclassHostService is the host Service as a ClusterIP Service: the step between two

@@ -163,6 +163,72 @@ func TestMakePlan(t *testing.T) {
 			},
 		},
 		{
+			name:        "another GuestIngress of the Cluster owns the guest Service: nothing is written, in the guest or on the host",
+			o:           observed(func(o *Observed) { o.GuestServiceRivals = GuestServiceRivals{Owner: "web-old"} }),
+			wantRefusal: guestnetv1.GuestServiceClaimedReason,
+			check: func(g Gomega, p *Plan) {
+				g.Expect(p.Refusal.Message).To(ContainSubstring("Service projectcontour/envoy in the guest is exposed by GuestIngress web-old of this namespace"))
+				g.Expect(p.Refusal.Message).To(ContainSubstring("Point spec.guestService at another Service, or delete one of the two GuestIngresses"))
+				g.Expect(p.GuestService).To(BeNil())
+				g.Expect(p.TakesGuestService).To(BeFalse())
+				g.Expect(p.ReleaseGuestService).To(BeNil(), "it holds nothing")
+			},
+		},
+		{
+			name:        "another GuestIngress still holds it: nothing is written until it has given it back",
+			o:           observed(func(o *Observed) { o.GuestServiceRivals = GuestServiceRivals{Holder: "web-old"} }),
+			wantRefusal: guestnetv1.GuestServiceClaimedReason,
+			check: func(g Gomega, p *Plan) {
+				g.Expect(p.Refusal.Message).To(ContainSubstring("GuestIngress web-old of this namespace has not given Service projectcontour/envoy in the guest back yet"))
+				g.Expect(p.TakesGuestService).To(BeFalse())
+			},
+		},
+		{
+			name: "it holds a Service another GuestIngress owns now: it gives it back, and takes nothing",
+			o: observed(func(o *Observed) {
+				o.GuestIngress.Status.GuestService = &guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"}
+				o.GuestServiceRivals = GuestServiceRivals{Owner: "web-old"}
+			}),
+			wantRefusal: guestnetv1.GuestServiceClaimedReason,
+			check: func(g Gomega, p *Plan) {
+				g.Expect(p.ReleaseGuestService).To(Equal(&guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"}))
+				g.Expect(p.TakesGuestService).To(BeFalse())
+			},
+		},
+		{
+			name: "spec.guestService changed: the old one is given back, the new one taken",
+			o: observed(func(o *Observed) {
+				o.GuestIngress.Status.GuestService = &guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy-old"}
+			}),
+			wantHost: true,
+			check: func(g Gomega, p *Plan) {
+				g.Expect(p.ReleaseGuestService).To(Equal(&guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy-old"}))
+				g.Expect(p.TakesGuestService).To(BeTrue())
+				g.Expect(p.GuestService).NotTo(BeNil())
+			},
+		},
+		{
+			name: "spec.guestService changed while not admitted: the old one is given back all the same",
+			o: observed(func(o *Observed) {
+				o.GuestIngress.Status.GuestService = &guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy-old"}
+				o.Admission = Admission{Reason: guestnetv1.NoPolicyReason, Message: "no policy"}
+			}),
+			wantWithdraw: true,
+			check: func(g Gomega, p *Plan) {
+				g.Expect(p.ReleaseGuestService).To(Equal(&guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy-old"}))
+				g.Expect(p.TakesGuestService).To(BeFalse())
+			},
+		},
+		{
+			name:     "the Service it holds and names: kept, nothing given back",
+			o:        observed(func(o *Observed) { o.GuestIngress.Status.GuestService = o.GuestIngress.Spec.GuestService.DeepCopy() }),
+			wantHost: true,
+			check: func(g Gomega, p *Plan) {
+				g.Expect(p.ReleaseGuestService).To(BeNil())
+				g.Expect(p.TakesGuestService).To(BeTrue())
+			},
+		},
+		{
 			name: "poolRef: no pool of guestnet's",
 			o: observed(func(o *Observed) {
 				o.GuestIngress.Spec.LoadBalancer.PoolRef = &guestnetv1.PoolReference{Name: "shared"}

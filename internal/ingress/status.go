@@ -1,6 +1,8 @@
 package ingress
 
 import (
+	"fmt"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -26,6 +28,10 @@ type Result struct {
 	HostService *corev1.Service
 	// HostRejected is set when the host apiserver refused an object: which, and its message.
 	HostRejected string
+
+	// HeldGuestService is the guest Service guestnet holds for the GuestIngress after the
+	// apply (status.guestService): the one it held, nil once given back, the spec's once taken.
+	HeldGuestService *guestnetv1.ObjectReference
 
 	// ReadyEndpoints and TotalEndpoints count the host Service's worker endpoints.
 	ReadyEndpoints, TotalEndpoints int32
@@ -58,6 +64,7 @@ var (
 // in this state.
 func SetStatus(gi *guestnetv1.GuestIngress, o *Observed, p *Plan, r *Result) (summarised []string) {
 	SetAdmitted(gi, o.Admission)
+	gi.Status.GuestService = r.HeldGuestService
 	summarised = append(summarised, baseConditions...)
 
 	if p.Withdraw && p.Refusal == nil {
@@ -176,6 +183,30 @@ func setLoadBalancerStatus(gi *guestnetv1.GuestIngress, o *Observed, p *Plan, r 
 	default:
 		SetLoadBalancerReady(gi, r.HostService, gi.Status.LoadBalancerIP, poolName, policyName)
 	}
+}
+
+// Withheld is what the tenant's messages of this reconcile leave out, for the manager's log
+// (the admin's): which policy that does not select the namespace would admit it, which of
+// the platform's pools or which other namespace's GuestIngress stands in the way, what
+// Cilium says about a conflicting pool. Empty when nothing was left out.
+func Withheld(gi *guestnetv1.GuestIngress, o *Observed, p *Plan) []string {
+	var out []string
+	if o.Admission.Detail != "" {
+		out = append(out, o.Admission.Detail)
+	}
+	if p.Refusal != nil && p.Refusal.Detail != "" {
+		out = append(out, p.Refusal.Detail)
+	}
+	pool := o.Pool
+	if gi.Spec.LoadBalancer.PoolRef != nil {
+		pool = o.RefPool
+	}
+	if pool != nil {
+		if c := poolConflict(pool); c != nil {
+			out = append(out, fmt.Sprintf("Cilium reports CiliumLoadBalancerIPPool %s as conflicting (%s: %s)", pool.GetName(), c.Reason, c.Message))
+		}
+	}
+	return out
 }
 
 // poolConflict is Cilium's PoolConflict condition of the pool when it is True.

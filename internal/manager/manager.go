@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
@@ -146,11 +147,14 @@ func keepOnlyKubeconfigData(in any) (any, error) {
 
 // SetupClusterCache sets up CAPI's ClusterCache on mgr, whose options must come from
 // CacheOptions and ClientOptions: the ClusterCache reads the kubeconfig Secrets from the
-// manager's cache.
+// manager's cache, through guestnet's check (kubeconfig.SecretReader: a tenant can write
+// them), and its "not connected" says why when the check refused the Secret
+// (kubeconfig.ClusterCache).
 func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (clustercache.ClusterCache, error) {
+	// The manager's cache holds only the Cluster Secrets (see CacheOptions), and the Clusters.
+	secrets := kubeconfig.SecretReader{Reader: mgr.GetCache()}
 	clusterCache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
-		// The manager's cache holds only the Cluster Secrets (see CacheOptions).
-		SecretClient:     mgr.GetCache(),
+		SecretClient:     secrets,
 		WatchFilterValue: o.WatchFilterValue,
 		Cache: clustercache.CacheOptions{
 			// Only what guestnet reads of each guest object (managedFields: it server-side
@@ -171,7 +175,7 @@ func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (cluste
 	if err != nil {
 		return nil, fmt.Errorf("setting up ClusterCache: %w", err)
 	}
-	return clusterCache, nil
+	return kubeconfig.ClusterCache(clusterCache, secrets), nil
 }
 
 // Concurrency returns the options of a controller that reconciles n objects at once.

@@ -219,7 +219,7 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 	if svc.Spec.HealthCheckNodePort != 0 || len(svc.Spec.ExternalIPs) > 0 || svc.Spec.LoadBalancerIP != "" {
 		t.Fatalf("host Service asks for a health-check nodePort, external IPs or spec.loadBalancerIP: %+v", svc.Spec)
 	}
-	if want := virtlauncher.WorkerSelector(gi.Spec.ClusterName); !equalMaps(svc.Spec.Selector, want) {
+	if want := virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName); !equalMaps(svc.Spec.Selector, want) {
 		t.Fatalf("host Service selects %v, not the Cluster's workers %v", svc.Spec.Selector, want)
 	}
 	own := ownership.Labels(gi)

@@ -100,10 +100,14 @@ func Admit(in Input) Decision {
 		}
 	}
 
-	other := ""
+	// A policy that does not select the namespace is another tenant's business: the tenant
+	// learns that one would allow it, never which one or what it selects (the admin reads
+	// that in the manager's log, Detail).
+	other, detail := "", poolsDetail(gi, in.Pools)
 	if wouldAllow != nil {
-		other = fmt.Sprintf(" GuestIngressPolicy %s would allow it but does not select namespace %s (its namespaceSelector: %s): "+
-			"ask the host admin to select the namespace.", wouldAllow.Name, gi.Namespace, SelectorString(&wouldAllow.Spec.NamespaceSelector))
+		other = fmt.Sprintf(" A GuestIngressPolicy that does not select namespace %s would allow it: ask the host admin to select the namespace.", gi.Namespace)
+		detail = strings.TrimSpace(fmt.Sprintf("GuestIngressPolicy %s would allow it but does not select namespace %s (its namespaceSelector: %s). %s",
+			wouldAllow.Name, gi.Namespace, SelectorString(&wouldAllow.Spec.NamespaceSelector), detail))
 	}
 	const nothing = " guestnet creates nothing on the host for this GuestIngress."
 	switch {
@@ -112,7 +116,7 @@ func Admit(in Input) Decision {
 		if wouldAllow == nil {
 			msg += fmt.Sprintf(" Ask the host admin for a GuestIngressPolicy that selects namespace %s and allows %s.", gi.Namespace, describe(gi))
 		}
-		return Decision{Reason: guestnetv1.NoPolicyReason, Message: msg}
+		return Decision{Reason: guestnetv1.NoPolicyReason, Message: msg, Detail: detail}
 	case len(overQuota) > 0:
 		parts := make([]string, 0, len(overQuota)+len(refusals))
 		for _, r := range overQuota {
@@ -123,15 +127,25 @@ func Admit(in Input) Decision {
 			parts = append(parts, r.String())
 		}
 		return Decision{Reason: guestnetv1.QuotaExceededReason, Message: bounded(parts) + "." + nothing + other +
-			" Delete a GuestIngress of the namespace, or ask the host admin to raise maxGuestIngressesPerNamespace."}
+			" Delete a GuestIngress of the namespace, or ask the host admin to raise maxGuestIngressesPerNamespace.", Detail: detail}
 	default:
 		parts := make([]string, 0, len(refusals))
 		for _, r := range refusals {
 			parts = append(parts, r.String())
 		}
 		return Decision{Reason: guestnetv1.NotAllowedReason, Message: bounded(parts) + "." + nothing + other +
-			" Change spec.loadBalancer to what the policy allows, or ask the host admin."}
+			" Change spec.loadBalancer to what the policy allows, or ask the host admin.", Detail: detail}
 	}
+}
+
+// poolsDetail names, for the manager's log, the pools that keep gi from letting LB-IPAM
+// choose its IP (poolSelectionViolations names none of them to the tenant); "" when none.
+func poolsDetail(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) string {
+	handing := poolsHandingOut(gi, pools)
+	if len(handing) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("CiliumLoadBalancerIPPools that could hand out its IP: %s.", strings.Join(handing, "; "))
 }
 
 // refusal is why one policy that selects the namespace does not admit the GuestIngress.

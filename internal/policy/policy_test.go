@@ -112,6 +112,8 @@ func TestAdmit(t *testing.T) {
 		wantReason string
 		wantMsg    []string
 		wantNotMsg []string
+		// wantDetail: what the message leaves out, for the manager's log.
+		wantDetail []string
 		wantAnn    *ingress.Announcement
 	}{
 		// --- namespace selection ---------------------------------------------------------
@@ -132,8 +134,9 @@ func TestAdmit(t *testing.T) {
 			in:         Input{GuestIngress: gi(), Namespace: namespace("tenant-a", nil), Policies: []guestnetv1.GuestIngressPolicy{pol("team-a")}},
 			wantReason: guestnetv1.NoPolicyReason,
 			wantMsg: []string{"No GuestIngressPolicy selects namespace tenant-a",
-				"GuestIngressPolicy team-a would allow it but does not select namespace tenant-a (its namespaceSelector: tenant=a)"},
-			wantNotMsg: []string{"Ask the host admin for a GuestIngressPolicy"},
+				"A GuestIngressPolicy that does not select namespace tenant-a would allow it: ask the host admin to select the namespace"},
+			wantNotMsg: []string{"Ask the host admin for a GuestIngressPolicy", "team-a", "tenant=a"},
+			wantDetail: []string{"GuestIngressPolicy team-a would allow it but does not select namespace tenant-a (its namespaceSelector: tenant=a)"},
 		},
 		{
 			name: "an invalid namespaceSelector selects nothing",
@@ -425,7 +428,9 @@ func TestAdmit(t *testing.T) {
 			}), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p", func(p *guestnetv1.GuestIngressPolicy) { p.Spec.SharedPools = []string{"shared"} })},
 				Pools: pools(ciliumPool("shared", byNamespace("tenant-a"), "10.97.5.0/24"), ciliumPool("default", nil, "192.168.0.0/24"))},
 			wantReason: guestnetv1.NotAllowedReason,
-			wantMsg:    []string{"CiliumLoadBalancerIPPool default could hand it out: it has no serviceSelector, so it selects every Service"},
+			wantMsg:    []string{"while a pool of the platform selects its host Service and could hand it out"},
+			wantNotMsg: []string{"default"},
+			wantDetail: []string{"CiliumLoadBalancerIPPools that could hand out its IP: default (it has no serviceSelector, so it selects every Service)"},
 		},
 
 		// --- other pools that would select the host Service ---------------------------------
@@ -439,8 +444,10 @@ func TestAdmit(t *testing.T) {
 			}), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p")},
 				Pools: pools(ciliumPool("victim", map[string]any{"matchLabels": map[string]any{"cluster.x-k8s.io/cluster-name": "victim"}}, "10.2.7.0/24"))},
 			wantReason: guestnetv1.NotAllowedReason,
-			wantMsg: []string{"CiliumLoadBalancerIPPool victim could hand it out: its serviceSelector selects the host Service",
+			wantMsg: []string{"while a pool of the platform selects its host Service and could hand it out",
 				"set spec.loadBalancer.ip", "app.kubernetes.io/managed-by NotIn [guestnet]"},
+			wantNotMsg: []string{"CiliumLoadBalancerIPPool victim"},
+			wantDetail: []string{"victim (its serviceSelector selects the host Service)"},
 		},
 		{
 			name: "a fixed IP is requested explicitly: other pools do not matter",
@@ -552,7 +559,9 @@ func TestAdmit(t *testing.T) {
 			}},
 			wantReason: guestnetv1.NotAllowedReason,
 			wantMsg: []string{"GuestIngressPolicy tenants does not allow IP 10.98.0.10 (its addresses: 10.99.0.0/16)",
-				"GuestIngressPolicy infra would allow it but does not select namespace tenant-a (its namespaceSelector: infra=true)"},
+				"A GuestIngressPolicy that does not select namespace tenant-a would allow it"},
+			wantNotMsg: []string{"infra"},
+			wantDetail: []string{"GuestIngressPolicy infra would allow it but does not select namespace tenant-a (its namespaceSelector: infra=true)"},
 		},
 		{
 			name: "messages stay bounded",
@@ -582,6 +591,9 @@ func TestAdmit(t *testing.T) {
 			}
 			for _, m := range tt.wantNotMsg {
 				g.Expect(d.Message).NotTo(ContainSubstring(m))
+			}
+			for _, m := range tt.wantDetail {
+				g.Expect(d.Detail).To(ContainSubstring(m))
 			}
 			if tt.wantAnn != nil {
 				g.Expect(d.Announcement).To(Equal(*tt.wantAnn))

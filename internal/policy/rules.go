@@ -237,8 +237,26 @@ func KeyAllowed(key string, allowed []string) bool {
 // poolSelectionViolations: LB-IPAM gives a Service without a fixed IP an address from any
 // pool that selects it, so a GuestIngress without spec.loadBalancer.ip is admitted only when
 // no pool but its own (and its admitted poolRef pool) selects its host Service. A fixed IP is
-// requested explicitly and must lie in an admitted range or the shared pool.
+// requested explicitly and must lie in an admitted range or the shared pool. The pools are
+// the platform's: the tenant is told how many, the admin which (poolsDetail, in the log).
 func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
+	n := len(poolsHandingOut(gi, pools))
+	if n == 0 {
+		return nil
+	}
+	which := "a pool of the platform selects"
+	if n > 1 {
+		which = fmt.Sprintf("%d pools of the platform select", n)
+	}
+	return []string{fmt.Sprintf("an IP chosen by LB-IPAM (no spec.loadBalancer.ip) while %s its host Service and could hand it out "+
+		"(set spec.loadBalancer.ip, or ask the host admin to narrow those pools, e.g. with %s NotIn [%s])",
+		which, ownership.ManagedByLabel, ownership.ManagedByValue)}
+}
+
+// poolsHandingOut lists the pools, other than gi's own and its poolRef pool, whose
+// serviceSelector selects gi's host Service, each with how ("<name> (it has no
+// serviceSelector...)"), in name order; none when gi has a fixed IP.
+func poolsHandingOut(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
 	lb := gi.Spec.LoadBalancer
 	if lb.IP != "" {
 		return nil
@@ -262,9 +280,7 @@ func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unst
 		if _, found, _ := unstructured.NestedMap(pool.Object, "spec", "serviceSelector"); !found {
 			how = "it has no serviceSelector, so it selects every Service"
 		}
-		out = append(out, fmt.Sprintf("an IP chosen by LB-IPAM (no spec.loadBalancer.ip) while CiliumLoadBalancerIPPool %s could hand it out: %s "+
-			"(set spec.loadBalancer.ip, or the host admin narrows that pool, e.g. with %s NotIn [%s])",
-			name, how, ownership.ManagedByLabel, ownership.ManagedByValue))
+		out = append(out, fmt.Sprintf("%s (%s)", name, how))
 	}
 	return out
 }

@@ -164,6 +164,17 @@ func TestServiceUpToDate(t *testing.T) {
 				WithSpec(corev1ac.ServiceSpec().WithType(corev1.ServiceTypeNodePort).WithSelector(map[string]string{"app": "webhook"})),
 			live: live(ownership.FieldManager),
 		},
+		{
+			// A Service an older guestnet applied gets a selector key the new one adds (the
+			// KubevirtMachines' namespace of virtlauncher.WorkerSelector) by an apply.
+			name: "a selector key guestnet now wants too",
+			desired: func() *corev1ac.ServiceApplyConfiguration {
+				d := desired()
+				d.Spec.WithSelector(map[string]string{"capk.cluster.x-k8s.io/kubevirt-machine-namespace": "k0smotron"})
+				return d
+			}(),
+			live: live(ownership.FieldManager),
+		},
 		{name: "applied by another manager", desired: desired(), live: live("helm")},
 		{
 			name:    "someone changed a value guestnet owns",

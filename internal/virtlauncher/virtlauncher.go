@@ -3,11 +3,12 @@
 //
 // KubeVirt copies the labels of the VMI template (virtualMachineTemplate.spec.template.metadata
 // .labels) to the virt-launcher pod and adds kubevirt.io=virt-launcher; CAPK puts
-// cluster.x-k8s.io/cluster-name and cluster.x-k8s.io/role=worker on that VMI template. The VM
-// object's own labels (virtualMachineTemplate.metadata.labels) are NOT copied: a Service that
-// selects by them has no endpoints (docs/runbook.md, "the host Service selects no worker"). This package is the one
-// place that spells the selector; the lab's virt-launcher pods are labelled from the same
-// constants.
+// cluster.x-k8s.io/cluster-name, cluster.x-k8s.io/role=worker and
+// capk.cluster.x-k8s.io/kubevirt-machine-namespace on that VMI template. The VM object's own
+// labels (virtualMachineTemplate.metadata.labels) are NOT copied: a Service that selects by
+// them has no endpoints (docs/runbook.md, "the host Service selects no worker"). This package
+// is the one place that spells the selector; the lab's virt-launcher pods are labelled from
+// the same facts.
 package virtlauncher
 
 import (
@@ -30,22 +31,36 @@ const (
 	WorkerRole = "worker"
 	// ClusterNameLabel is CAPI's cluster name label, set by CAPK on the VMI template.
 	ClusterNameLabel = clusterv1.ClusterNameLabel
+	// MachineNamespaceLabel is set by CAPK on the VM and on its VMI template to the namespace
+	// of the KubevirtMachine the VM is made for, overriding whatever the template's labels
+	// say (sigs.k8s.io/cluster-api-provider-kubevirt v0.11.2: constant
+	// KubevirtMachineNamespaceLabel in api/v1alpha1/kubevirtcluster_types.go, set in the
+	// mutate function of Machine.Create in pkg/kubevirt/machine.go, which runs on every
+	// CreateOrUpdate of the VM). A tenant chooses its Cluster's name and, through CAPK
+	// (virtualMachineTemplate.metadata.namespace), where its VMs go, but not this value: CAPK
+	// reads it from the KubevirtMachine, which lives in the tenant's own namespace.
+	MachineNamespaceLabel = "capk.cluster.x-k8s.io/kubevirt-machine-namespace"
 )
 
-// WorkerSelector selects the virt-launcher pods of the worker VMs of cluster. A cluster name
-// is unique in its namespace only: a Service with this selector must live in the Cluster's
-// namespace (Service selectors never cross namespaces, which is what keeps two clusters of
-// the same name in two namespaces apart).
-func WorkerSelector(cluster string) map[string]string {
+// WorkerSelector selects the virt-launcher pods of the worker VMs of the Cluster
+// namespace/cluster: those CAPK made for KubevirtMachines of that namespace. A cluster name
+// is unique in its namespace only, and CAPK lets a KubevirtMachineTemplate put its VMs in
+// another namespace: the cluster name and the role alone would also select the VMs another
+// namespace's Cluster of the same name puts here, so the selector names the namespace of the
+// KubevirtMachines too. A Service with this selector must live in the Cluster's namespace
+// (Service selectors never cross namespaces: the Cluster's own VMs that CAPK put elsewhere
+// are not selected either, which PortsDeclared reports as WorkersElsewhere).
+func WorkerSelector(namespace, cluster string) map[string]string {
 	return map[string]string{
-		ClusterNameLabel: cluster,
-		RoleLabel:        WorkerRole,
-		KubeVirtLabel:    LauncherValue,
+		ClusterNameLabel:      cluster,
+		RoleLabel:             WorkerRole,
+		KubeVirtLabel:         LauncherValue,
+		MachineNamespaceLabel: namespace,
 	}
 }
 
 // FormatSelector renders a selector as kubectl's -l flag takes it, keys sorted:
-// "cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher".
+// "capk.cluster.x-k8s.io/kubevirt-machine-namespace=k0smotron,cluster.x-k8s.io/cluster-name=tenant-a,cluster.x-k8s.io/role=worker,kubevirt.io=virt-launcher".
 func FormatSelector(selector map[string]string) string {
 	parts := make([]string, 0, len(selector))
 	for k, v := range selector {

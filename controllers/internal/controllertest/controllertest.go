@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -95,6 +97,7 @@ func Run(t *testing.T, kind Kind) {
 	}{
 		{"ClusterNotFoundUntilTheClusterIsCreated", testClusterNotFoundUntilCreated},
 		{"ClusterNotProvisioned", testClusterNotProvisioned},
+		{"KubeconfigRefusedUntilCorrected", testKubeconfigRefused},
 		{"FinalizerAddedAndRemovedOnDeletion", testFinalizer},
 		{"PausedByClusterSpec", func(e *env) { testPausedByCluster(e, pauseClusterSpec) }},
 		{"PausedByClusterAnnotation", func(e *env) { testPausedByCluster(e, pauseClusterAnnotation) }},
@@ -168,6 +171,38 @@ func testClusterNotProvisioned(e *env) {
 		Type: clusterv1.ClusterSecretType,
 		Data: map[string][]byte{"value": e.lab.Guest.Kubeconfig},
 	})).To(Succeed())
+	e.eventuallyCondition(obj, guestnetv1.ClusterAvailableCondition, metav1.ConditionTrue, guestnetv1.ClusterAvailableReason)
+}
+
+// A <cluster>-kubeconfig Secret whose kubeconfig runs a command and names a file is refused
+// before anything runs or is read: ClusterAvailable says KubeconfigRefused and names both
+// fields. Once the Secret is corrected, the ClusterCache's next try (every 30 s in
+// production, lab.ManagerConnectionRetryInterval here) connects and the refusal clears.
+func testKubeconfigRefused(e *env) {
+	hostile, err := clientcmd.Load(e.lab.Guest.Kubeconfig)
+	e.g.Expect(err).NotTo(HaveOccurred())
+	for _, u := range hostile.AuthInfos {
+		u.ClientCertificateData, u.ClientKeyData, u.TokenFile = nil, nil, "/var/run/secrets/kubernetes.io/serviceaccount/token"
+		u.Exec = &clientcmdapi.ExecConfig{APIVersion: "client.authentication.k8s.io/v1", Command: "/bin/false", InteractiveMode: clientcmdapi.NeverExecInteractiveMode}
+	}
+	value, err := clientcmd.Write(*hostile)
+	e.g.Expect(err).NotTo(HaveOccurred())
+	gc, err := e.lab.CreateGuestCluster(e.ctx, e.ns, "tenant-a", lab.WorkerTemplateOptions{}, lab.WithKubeconfig(e.c, value))
+	e.g.Expect(err).NotTo(HaveOccurred())
+	obj := e.create(gc.Name)
+	got := e.eventuallyCondition(obj, guestnetv1.ClusterAvailableCondition, metav1.ConditionFalse, guestnetv1.KubeconfigRefusedReason)
+	e.g.Expect(got.Message).To(And(
+		ContainSubstring("Secret %s/tenant-a-kubeconfig", e.ns),
+		ContainSubstring("guest-admin].exec runs a command"),
+		ContainSubstring("guest-admin].tokenFile names a file"),
+		ContainSubstring("client-certificate-data and client-key-data, or token"),
+	))
+	e.expectNotReady(obj)
+
+	secret := &corev1.Secret{}
+	e.g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: "tenant-a-kubeconfig"}, secret)).To(Succeed())
+	secret.Data["value"] = e.lab.Guest.Kubeconfig
+	e.g.Expect(e.c.Update(e.ctx, secret)).To(Succeed())
 	e.eventuallyCondition(obj, guestnetv1.ClusterAvailableCondition, metav1.ConditionTrue, guestnetv1.ClusterAvailableReason)
 }
 
@@ -421,10 +456,12 @@ func (e *env) createCluster(name string, mutate func(*clusterv1.Cluster)) *clust
 	e.t.Helper()
 	cluster := &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
-		// Like lab.CreateGuestCluster's: no provider runs, the referenced objects need not exist.
+		// Like lab.CreateGuestCluster's: no provider runs, the referenced objects need not
+		// exist, and the control plane endpoint is the lab guest's apiserver.
 		Spec: clusterv1.ClusterSpec{
-			ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "KubevirtCluster", Name: name},
+			ControlPlaneEndpoint: lab.GuestControlPlaneEndpoint(),
+			ControlPlaneRef:      clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: name},
+			InfrastructureRef:    clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "KubevirtCluster", Name: name},
 		},
 	}
 	mutate(cluster)
