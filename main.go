@@ -225,6 +225,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
+		WatchNamespace:   o.WatchNamespace,
 		Cilium:           gates.Cilium,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestIngress controller: %w", err)

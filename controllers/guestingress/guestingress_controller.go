@@ -63,6 +63,10 @@ type Reconciler struct {
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
 
+	// WatchNamespace, when set, is the one namespace the manager watches: host objects made
+	// for GuestIngresses of other namespaces are another instance's, never swept here.
+	WatchNamespace string
+
 	// Cilium says whether the host serves Cilium's LB-IPAM pools and L2 policies: until it
 	// does, GuestIngresses report CiliumLBIPAMNotInstalled and nothing is created for them,
 	// and the pool and policy watches start once it does (internal/optional). Taken to be
@@ -93,6 +97,16 @@ type scope struct {
 	// why not, for ClusterAvailable.
 	guestClient client.Client
 	guestErr    error
+
+	// world, host and admissionInput are what observeHost read of the host (reconcileHeld,
+	// before pause and deletion are looked at): every GuestIngress, pool and policy, and this
+	// GuestIngress's decision and host objects, as they are after reconcileHeld's writes.
+	// swept: reconcileHeld swept what was made for a former GuestIngress of this name, and
+	// the reconcile stopped there; revoked: it took off what the policy no longer admits.
+	world          *hostWorld
+	host           *ingress.Observed
+	admissionInput policy.Input
+	swept, revoked bool
 
 	// observed, plan and result are the three stages of reconcileNormal, set as each is
 	// done; the status is derived from them (updateStatus).
@@ -145,8 +159,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
-		// Paused objects are not filtered out: their Paused condition must still be reported.
+		// Paused objects are not filtered out: their Paused condition must still be reported,
+		// and what their policy no longer admits is taken off.
 		For(&guestnetv1.GuestIngress{}, builder.WithPredicates(filter)).
+		// A GuestIngress that leaves this instance's watch filter (its label changed or went)
+		// is another instance's: what this one made for it is swept.
+		Watches(&guestnetv1.GuestIngress{}, &handler.EnqueueRequestForObject{},
+			builder.WithPredicates(leftWatchFilter(r.WatchFilterValue))).
 		Watches(&clusterv1.Cluster{},
 			handler.EnqueueRequestsFromMapFunc(clusterToGuestIngresses),
 			builder.WithPredicates(clusterscope.ClusterChanged(), filter),
@@ -245,8 +264,15 @@ func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	guestIngress := &guestnetv1.GuestIngress{}
 	ctx, cluster, ok, err := r.reader().Get(ctx, req, guestIngress)
-	if !ok || err != nil {
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if !ok {
+		if guestIngress.UID != "" && prologue.InWatchFilter(guestIngress, r.WatchFilterValue) {
+			return ctrl.Result{}, nil // the cache has not seen guestnet's last write of it: that write's event brings it back
+		}
+		// Gone, or another instance's now: what this instance made for it goes.
+		return ctrl.Result{}, r.sweepGone(ctx, req.NamespacedName)
 	}
 	s := &scope{guestIngress: guestIngress, cluster: cluster}
 
@@ -259,6 +285,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 	}()
 
+	// Before anything else: what it holds on the host stays within what its policy admits
+	// now, paused or not, being deleted or not, whatever its spec and its guest.
+	if err := r.reconcileHeld(ctx, s); err != nil || s.swept {
+		return ctrl.Result{}, err
+	}
+
+	// Pause means "make no new changes": what reconcileHeld took off stays off.
 	if s.paused = prologue.Paused(ctx, guestIngress, cluster); s.paused {
 		return ctrl.Result{}, nil
 	}
@@ -280,13 +313,18 @@ func (r *Reconciler) reader() prologue.Reader {
 }
 
 // patch writes what the reconcile changed on the GuestIngress since before, in one status
-// write (status.Patch). Unless it is paused, the status is derived first from what the
-// reconcile observed and did (updateStatus) and, after a reconcile without error,
-// status.observedGeneration is stamped. Condition changes are recorded as events once they
-// are stored.
+// write (status.Patch). The status is derived first from what the reconcile observed and did:
+// all of it (updateStatus) and, after a reconcile without error, status.observedGeneration is
+// stamped; while paused, what reconcileHeld decided (updatePausedStatus); nothing after a
+// sweep (the reconcile its deletions bring reports). Condition changes are recorded as events
+// once they are stored.
 func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress, s *scope, reconciled bool) error {
 	gi := s.guestIngress
-	if !s.paused {
+	switch {
+	case s.swept:
+	case s.paused:
+		updatePausedStatus(s)
+	default:
 		updateStatus(s)
 		if reconciled {
 			gi.Status.ObservedGeneration = gi.Generation

@@ -55,6 +55,9 @@ func TestGuestIngressController(t *testing.T) {
 			gi.Spec.LoadBalancer.Annotations = map[string]string{"test.guestnet.dev/change": utilrand.String(8)}
 		},
 		Setup: setupGuestIngress,
+		// What a GuestIngress holds on the host is compared with what its policy admits on
+		// every reconcile, paused or not (docs/decisions/0008-held-within-admitted.md).
+		DerivedWhilePaused: []string{guestnetv1.AdmittedCondition},
 	})
 }
 
@@ -111,5 +114,6 @@ func setupGuestIngress(ctx context.Context, mgr ctrl.Manager, cc clustercache.Cl
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     cc,
 		WatchFilterValue: o.WatchFilterValue,
+		WatchNamespace:   o.WatchNamespace,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency))
 }

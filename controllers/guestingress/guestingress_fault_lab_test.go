@@ -215,7 +215,7 @@ func (e *phaseEnv) snapshot(gi *guestnetv1.GuestIngress) string {
 		"status":       status, "conditions": conds,
 	}, "", " ")
 	e.g.Expect(err).NotTo(HaveOccurred())
-	out := string(data)
+	out := strings.ReplaceAll(string(data), string(got.UID), "UID")
 	for i := int32(19); i >= 0; i-- {
 		out = strings.ReplaceAll(out, fmt.Sprint(e.nodePort(i)), fmt.Sprintf("NODEPORT%d", i))
 	}
@@ -265,11 +265,12 @@ func (e *phaseEnv) expectNoHostObjects() {
 // faultSetup registers the GuestIngress controller with host and guest clients whose writes
 // are charged to budget.
 func faultSetup(budget *faultclient.Budget) lab.SetupFunc {
-	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, _ manager.Options) error {
+	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
 		return (&guestingress.Reconciler{
-			Client:       faultclient.Wrap(mgr.GetClient(), budget),
-			APIReader:    mgr.GetAPIReader(),
-			ClusterCache: faultCache{ClusterCache: cc, budget: budget},
+			Client:         faultclient.Wrap(mgr.GetClient(), budget),
+			APIReader:      mgr.GetAPIReader(),
+			ClusterCache:   faultCache{ClusterCache: cc, budget: budget},
+			WatchNamespace: o.WatchNamespace,
 		}).SetupWithManager(ctx, mgr, controller.Options{})
 	}
 }

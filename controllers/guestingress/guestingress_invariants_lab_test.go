@@ -556,6 +556,7 @@ func admitSetup(admit func(policy.Input) policy.Decision) lab.SetupFunc {
 			APIReader:        mgr.GetAPIReader(),
 			ClusterCache:     cc,
 			WatchFilterValue: o.WatchFilterValue,
+			WatchNamespace:   o.WatchNamespace,
 			Admit:            admit,
 		}).SetupWithManager(ctx, mgr, controller.Options{})
 	}

@@ -74,9 +74,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 // --- observe ------------------------------------------------------------------------------------
 
 // observe reads everything the plan is made from into s.observed: the guest connection, the
-// policy's decision, the address space other GuestIngresses hold and ask for, the pools
-// guestnet does not manage, the host objects of this GuestIngress and the guest Service. It
-// changes nothing.
+// address space other GuestIngresses hold and ask for, the pools guestnet does not manage and
+// the guest Service, on top of what observeHost read (reconcileHeld did, before pause and
+// deletion were looked at). It changes nothing.
 func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
 	if s.cluster != nil && s.cluster.DeletionTimestamp.IsZero() {
@@ -85,15 +85,15 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 			return s.guestErr
 		}
 	}
-	w, err := r.readHost(ctx)
-	if err != nil {
-		return err
+	if s.host == nil {
+		if err := r.observeHost(ctx, s); err != nil {
+			return err
+		}
 	}
-	o := &ingress.Observed{GuestIngress: gi, Cluster: s.cluster, GuestReachable: s.guestClient != nil}
+	w, o := s.world, s.host
+	o.Cluster, o.GuestReachable = s.cluster, s.guestClient != nil
+	var err error
 	if o.GuestServiceRivals, err = r.guestServiceRivals(ctx, w, gi); err != nil {
-		return err
-	}
-	if o.Admission, err = r.admit(ctx, w, gi); err != nil {
 		return err
 	}
 	if o.Eligible() {
@@ -103,9 +103,6 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 			return err
 		}
 		o.ForeignPools = w.foreignPools()
-	}
-	if err := r.observeHostObjects(ctx, w, o); err != nil {
-		return err
 	}
 	if s.guestClient != nil && o.Eligible() {
 		if err := r.watchGuestServices(ctx, s); err != nil {
@@ -124,6 +121,29 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	return nil
 }
 
+// observeHost reads what a reconcile knows of the host before it looks at anything else: every
+// GuestIngress, pool, L2 policy, GuestIngressPolicy and guestnet host Service (s.world), the
+// policy's decision for the GuestIngress and its host objects (s.host, s.admissionInput). It
+// changes nothing.
+func (r *Reconciler) observeHost(ctx context.Context, s *scope) error {
+	gi := s.guestIngress
+	w, err := r.readHost(ctx)
+	if err != nil {
+		return err
+	}
+	o := &ingress.Observed{GuestIngress: gi, Cluster: s.cluster}
+	in, admission, err := r.admit(ctx, w, gi)
+	if err != nil {
+		return err
+	}
+	o.Admission = admission
+	if err := r.observeHostObjects(ctx, w, o); err != nil {
+		return err
+	}
+	s.world, s.host, s.admissionInput = w, o, in
+	return nil
+}
+
 // hostWorld is what one reconcile reads from the manager's cache about every GuestIngress and
 // pool: the ground of the claims and of admission. Its GuestIngresses, pools and Services are
 // the cache's own objects, not copies (readOnly): nothing may change them. What a reconcile
@@ -132,8 +152,11 @@ type hostWorld struct {
 	guestIngresses []guestnetv1.GuestIngress
 	pools          []unstructured.Unstructured
 	poolsByName    map[string]*unstructured.Unstructured
+	l2Policies     []unstructured.Unstructured
 	policies       []guestnetv1.GuestIngressPolicy
-	// hostServices are the host Services guestnet created, by their GuestIngress.
+	// services are the host Services guestnet created (labelled so: the cache holds no
+	// other); hostServices the same, by their GuestIngress.
+	services     []corev1.Service
 	hostServices map[types.NamespacedName]*corev1.Service
 	namespaces   map[string]*corev1.Namespace
 }
@@ -154,6 +177,12 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	for i := range w.pools {
 		w.poolsByName[w.pools[i].GetName()] = &w.pools[i]
 	}
+	l2Policies := &unstructured.UnstructuredList{}
+	l2Policies.SetGroupVersionKind(ingress.L2PolicyGVK.GroupVersion().WithKind(ingress.L2PolicyGVK.Kind + "List"))
+	if err := r.Client.List(ctx, l2Policies, readOnly); err != nil {
+		return nil, fmt.Errorf("listing CiliumL2AnnouncementPolicies: %w", err)
+	}
+	w.l2Policies = l2Policies.Items
 	policies := &guestnetv1.GuestIngressPolicyList{}
 	if err := r.Client.List(ctx, policies); err != nil {
 		return nil, fmt.Errorf("listing GuestIngressPolicies: %w", err)
@@ -163,6 +192,7 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	if err := r.Client.List(ctx, services, readOnly, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
 		return nil, fmt.Errorf("listing host Services: %w", err)
 	}
+	w.services = services.Items
 	for i := range services.Items {
 		if key, ok := ownership.GuestIngressOf(&services.Items[i]); ok {
 			w.hostServices[key] = &services.Items[i]
@@ -188,14 +218,15 @@ func (r *Reconciler) conflictCandidates(ctx context.Context) ([]guestnetv1.Guest
 	return list.Items, nil
 }
 
-// admit asks the policy (Reconciler.Admit) whether gi is admitted.
-func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (ingress.Admission, error) {
+// admit asks the policy (Reconciler.Admit) whether gi is admitted, and returns what it was
+// asked with.
+func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (policy.Input, ingress.Admission, error) {
 	ns, ok := w.namespaces[gi.Namespace]
 	if !ok {
 		ns = &corev1.Namespace{}
 		if err := r.Client.Get(ctx, client.ObjectKey{Name: gi.Namespace}, ns); err != nil {
 			if !apierrors.IsNotFound(err) {
-				return ingress.Admission{}, fmt.Errorf("getting Namespace %s: %w", gi.Namespace, err)
+				return policy.Input{}, ingress.Admission{}, fmt.Errorf("getting Namespace %s: %w", gi.Namespace, err)
 			}
 			ns = nil
 		}
@@ -207,7 +238,8 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 			siblings = append(siblings, other)
 		}
 	}
-	return r.Admit(policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName}), nil
+	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName}
+	return in, r.Admit(in), nil
 }
 
 // guestServiceRivals are the GuestIngresses of gi's Cluster that own or still hold its guest
@@ -263,7 +295,7 @@ func (r *Reconciler) eligible(ctx context.Context, w *hostWorld, gi *guestnetv1.
 	if err != nil || cluster == nil || !cluster.DeletionTimestamp.IsZero() || clusterscope.IsPaused(gi, cluster) {
 		return false, err
 	}
-	a, err := r.admit(ctx, w, gi)
+	_, a, err := r.admit(ctx, w, gi)
 	return a.Admitted, err
 }
 
@@ -412,7 +444,13 @@ func (r *Reconciler) apply(ctx context.Context, s *scope) error {
 	}
 	if p.Withdraw {
 		res.HostService = nil
-		return r.deleteHostObjects(ctx, s, false, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage)
+		// What observeHost found (the host Service also past the cache, whose labels a tenant
+		// may have stripped).
+		return kerrors.NewAggregate([]error{
+			r.deleteObject(ctx, s, o.HostService, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
+			r.deleteObject(ctx, s, o.Pool, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
+			r.deleteObject(ctx, s, o.L2Policy, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
+		})
 	}
 	if err := r.applyGuestService(ctx, s); err != nil {
 		return err
@@ -559,10 +597,10 @@ func sameRef(held *guestnetv1.ObjectReference, ref guestnetv1.ObjectReference) b
 // the fixed ones), through ClusterIP when its class changes.
 func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
 	gi, o, p, res := s.guestIngress, s.observed, s.plan, s.result
-	if err := r.ensureObject(ctx, s, p.Pool, o.Pool, ingress.NewPool(), hostnames.Pool(gi)); err != nil {
+	if err := r.ensureObject(ctx, s, p.Pool, o.Pool); err != nil {
 		return err
 	}
-	if err := r.ensureObject(ctx, s, p.L2Policy, o.L2Policy, ingress.NewL2Policy(), hostnames.L2Policy(gi)); err != nil {
+	if err := r.ensureObject(ctx, s, p.L2Policy, o.L2Policy); err != nil {
 		return err
 	}
 	if p.HostService == nil || res.GuestRefused != "" || res.HostRejected != "" {
@@ -595,10 +633,10 @@ func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
 }
 
 // ensureObject server-side applies desired (a cluster-scoped Cilium object) unless live is up
-// to date with it; with desired nil it deletes guestnet's object of that name, if any.
-func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live, empty *unstructured.Unstructured, name string) error {
+// to date with it; with desired nil it deletes live (guestnet's object of that name), if any.
+func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live *unstructured.Unstructured) error {
 	if desired == nil {
-		return r.deleteOwned(ctx, s, empty, name, "", false, corev1.EventTypeNormal, eventDeleted, "the spec no longer needs it")
+		return r.deleteObject(ctx, s, live, corev1.EventTypeNormal, eventDeleted, "the spec no longer needs it")
 	}
 	if live != nil && ssa.ObjectUpToDate(desired, live) {
 		return nil
@@ -671,7 +709,7 @@ func (r *Reconciler) assessPortsDeclared(ctx context.Context, s *scope) error {
 // connect event, a Cluster or Secret event, or the annotation brings the object back.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	gi := s.guestIngress
-	if err := r.deleteHostObjects(ctx, s, true, corev1.EventTypeNormal, eventDeleted, "the GuestIngress is being deleted"); err != nil {
+	if err := r.deleteHostObjects(ctx, s, corev1.EventTypeNormal, eventDeleted, "the GuestIngress is being deleted"); err != nil {
 		return ctrl.Result{}, err
 	}
 	s.hostDeleted = true
@@ -809,23 +847,24 @@ func (r *Reconciler) giveBack(ctx context.Context, gi *guestnetv1.GuestIngress, 
 
 // deleteHostObjects deletes the host Service, pool and L2 policy guestnet created for the
 // GuestIngress, if they exist, recording each deletion as an event of that type and reason
-// that says why. thorough also looks past the cache (at deletion, so that nothing is left
-// behind).
-func (r *Reconciler) deleteHostObjects(ctx context.Context, s *scope, thorough bool, eventType, reason, why string) error {
+// that says why. It looks past the cache (at deletion, so that nothing is left behind).
+func (r *Reconciler) deleteHostObjects(ctx context.Context, s *scope, eventType, reason, why string) error {
 	gi := s.guestIngress
 	return kerrors.NewAggregate([]error{
-		r.deleteOwned(ctx, s, &corev1.Service{}, hostnames.HostService(gi), gi.Namespace, thorough, eventType, reason, why),
-		r.deleteOwned(ctx, s, ingress.NewPool(), hostnames.Pool(gi), "", thorough, eventType, reason, why),
-		r.deleteOwned(ctx, s, ingress.NewL2Policy(), hostnames.L2Policy(gi), "", thorough, eventType, reason, why),
+		r.deleteOwned(ctx, s, &corev1.Service{}, hostnames.HostService(gi), gi.Namespace, eventType, reason, why),
+		r.deleteOwned(ctx, s, ingress.NewPool(), hostnames.Pool(gi), "", eventType, reason, why),
+		r.deleteOwned(ctx, s, ingress.NewL2Policy(), hostnames.L2Policy(gi), "", eventType, reason, why),
 	})
 }
 
 // deleteOwned deletes the object of that kind (obj) and name if guestnet created it for the
-// GuestIngress; anything else of that name is left alone.
-func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Object, name, namespace string, thorough bool, eventType, reason, why string) error {
+// GuestIngress; anything else of that name is left alone. What the cache does not hold is
+// read from the apiserver: the cache may not have seen an object created a moment ago, and
+// holds only the Services that carry guestnet's label, which a tenant can strip.
+func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Object, name, namespace string, eventType, reason, why string) error {
 	key := client.ObjectKey{Namespace: namespace, Name: name}
 	err := r.Client.Get(ctx, key, obj)
-	if apierrors.IsNotFound(err) && thorough {
+	if apierrors.IsNotFound(err) {
 		err = r.APIReader.Get(ctx, key, obj)
 	}
 	if optional.IsMissing(err) {
@@ -834,7 +873,16 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 	if err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if !ownership.IsOwnedBy(obj, s.guestIngress) || !obj.GetDeletionTimestamp().IsZero() {
+	if !ownership.IsOwnedBy(obj, s.guestIngress) {
+		return nil
+	}
+	return r.deleteObject(ctx, s, obj, eventType, reason, why)
+}
+
+// deleteObject deletes obj, a host object of the GuestIngress as read (nothing when it is nil
+// or already being deleted), with a precondition on its UID, and records why.
+func (r *Reconciler) deleteObject(ctx context.Context, s *scope, obj client.Object, eventType, reason, why string) error {
+	if isNil(obj) || !obj.GetDeletionTimestamp().IsZero() {
 		return nil
 	}
 	uid := obj.GetUID()
@@ -842,8 +890,21 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, obj client.Objec
 		return client.IgnoreNotFound(err)
 	}
 	record.Written(ctx, r.recorder, s.guestIngress, record.Write{Type: eventType, Reason: reason, Action: eventActionDelete,
-		Object: obj, Note: fmt.Sprintf("Deleted %s %s: %s", kindOf(obj), key, why)})
+		Object: obj, Note: fmt.Sprintf("Deleted %s %s: %s", kindOf(obj), client.ObjectKeyFromObject(obj), why)})
 	return nil
+}
+
+// isNil reports whether obj is nil, also as a typed nil pointer in the interface.
+func isNil(obj client.Object) bool {
+	switch o := obj.(type) {
+	case nil:
+		return true
+	case *corev1.Service:
+		return o == nil
+	case *unstructured.Unstructured:
+		return o == nil
+	}
+	return false
 }
 
 // repairKind is kind when a write now puts back what someone else changed or deleted: the

@@ -1020,11 +1020,12 @@ func (cc countingCache) GetClient(ctx context.Context, cluster client.ObjectKey)
 
 // countingSetup registers the GuestIngress controller with host and guest clients that count.
 func countingSetup(host, guest *counters) lab.SetupFunc {
-	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, _ manager.Options) error {
+	return func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, o manager.Options) error {
 		return (&guestingress.Reconciler{
-			Client:       countingClient{Client: mgr.GetClient(), c: host},
-			APIReader:    mgr.GetAPIReader(),
-			ClusterCache: countingCache{ClusterCache: cc, c: guest},
+			Client:         countingClient{Client: mgr.GetClient(), c: host},
+			APIReader:      mgr.GetAPIReader(),
+			ClusterCache:   countingCache{ClusterCache: cc, c: guest},
+			WatchNamespace: o.WatchNamespace,
 		}).SetupWithManager(ctx, mgr, controller.Options{})
 	}
 }

@@ -55,6 +55,36 @@ func updateStatus(s *scope) {
 	status.SetReadyCondition(gi, summarised...)
 }
 
+// updatePausedStatus derives what a paused reconcile decided: Admitted (status is derived
+// even when paused, so that a revocation shows), and, when the GuestIngress is not admitted,
+// no chain to report on (as updateStatus reports a withdrawal), with Ready saying why. When
+// reconcileHeld took off the host Service, the status says so. Everything else stays as the
+// last reconcile that could act left it, Ready included, unless the GuestIngress was not
+// admitted then and is now: there is no chain yet, and Ready no longer names Admitted.
+func updatePausedStatus(s *scope) {
+	gi, o := s.guestIngress, s.host
+	if o == nil {
+		return // Cilium is not installed, or the host could not be read: only Paused
+	}
+	wasRefused := conditions.IsFalse(gi, guestnetv1.AdmittedCondition)
+	ingress.SetAdmitted(gi, o.Admission)
+	if o.HostService == nil && gi.Status.HostService != "" {
+		gi.Status.LoadBalancerIP, gi.Status.HostService, gi.Status.ReadyEndpoints = "", "", 0
+		if o.Admission.Admitted {
+			ingress.SetNoHostService(gi)
+		}
+	}
+	switch {
+	case !o.Admission.Admitted:
+		for _, c := range ingress.ExposureConditions {
+			conditions.Delete(gi, c)
+		}
+		status.SetReadyCondition(gi, guestnetv1.AdmittedCondition, guestnetv1.ClusterAvailableCondition)
+	case wasRefused || s.revoked:
+		status.SetReadyCondition(gi, ingress.SummarisedConditions...)
+	}
+}
+
 // deletingMessage says what a deletion waits for.
 func deletingMessage(s *scope) string {
 	gi := s.guestIngress

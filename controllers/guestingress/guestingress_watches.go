@@ -72,11 +72,18 @@ func (r *Reconciler) endpointSliceToGuestIngress(ctx context.Context, o client.O
 }
 
 // hostObjectToGuestIngress maps a host object guestnet created to its GuestIngress, if this
-// manager serves it (pools and policies are cluster-scoped: they name GuestIngresses of
-// every namespace, and a manager may watch one only).
+// instance made it (its mark, ownership.MadeByInstance: pools and policies are cluster-scoped
+// and name GuestIngresses of every namespace, and a manager may serve some of them only), or,
+// for an object made before guestnet marked them, if the GuestIngress exists. The
+// GuestIngress need not exist: its reconcile sweeps what was made for it. With the initial
+// list of the watches, every host object this instance made is looked at once at start.
 func (r *Reconciler) hostObjectToGuestIngress(ctx context.Context, o client.Object) []reconcile.Request {
 	key, ok := ownership.GuestIngressOf(o)
-	if !ok || r.Client.Get(ctx, key, &guestnetv1.GuestIngress{}) != nil {
+	if !ok || (r.WatchNamespace != "" && key.Namespace != r.WatchNamespace) {
+		return nil
+	}
+	if _, marked := o.GetAnnotations()[ownership.WatchFilterAnnotation]; !ownership.MadeByInstance(o, r.WatchFilterValue) &&
+		(marked || r.Client.Get(ctx, key, &guestnetv1.GuestIngress{}) != nil) {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: key}}
@@ -258,4 +265,19 @@ var createOrDelete = predicate.Funcs{
 	DeleteFunc:  func(event.DeleteEvent) bool { return true },
 	UpdateFunc:  func(event.UpdateEvent) bool { return false },
 	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
+// leftWatchFilter passes the updates of a GuestIngress that carried this instance's
+// watch-filter label and no longer does (none when the instance has no watch filter: every
+// GuestIngress is its own).
+func leftWatchFilter(watchFilterValue string) predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		DeleteFunc: func(event.DeleteEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return watchFilterValue != "" && ownership.InstanceMark(e.ObjectOld) == watchFilterValue &&
+				ownership.InstanceMark(e.ObjectNew) != watchFilterValue
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }

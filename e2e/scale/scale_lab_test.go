@@ -14,13 +14,18 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/test/metricstest"
 )
@@ -113,6 +118,23 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 	g.Expect(bridging.writes(notEvents)).To(BeNumerically("<=", maxWritesPerBridge*bridges),
 		"writes to create %d GuestWebhookBridges:\n%s", bridges, bridging.counts(isWriteNotEvent))
 
+	// Some GuestIngresses are paused, as a tenant or clusterctl move would: one by its own
+	// annotation, one by its Cluster's spec.paused. Still admitted, they keep their host objects,
+	// and the check that what they hold stays within what is admitted (which runs while
+	// paused, docs/decisions/0008-held-within-admitted.md) costs nothing at steady state.
+	paused := []*lab.FleetMember{members[1], members[6]}
+	g.Expect(l.Host.Client.Patch(ctx, members[1].GuestIngress.DeepCopy(),
+		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"cluster.x-k8s.io/paused":"true"}}}`)))).To(Succeed())
+	g.Expect(l.Host.Client.Patch(ctx, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: members[6].Cluster.Namespace, Name: members[6].Cluster.Name}},
+		client.RawPatch(types.MergePatchType, []byte(`{"spec":{"paused":true}}`)))).To(Succeed())
+	for _, m := range paused {
+		eventuallyPaused(ctx, g, l.Host.Client, m.GuestIngress)
+	}
+	pausing := settle(t, next)
+	pausing.log(t, "pausing")
+	g.Expect(pausing.writes(notEvents)).To(BeNumerically("<=", len(paused)), "a paused GuestIngress writes its Paused condition only:\n%s",
+		pausing.counts(isWriteNotEvent))
+
 	// Steady state: wait until every GuestIngress was reconciled again by the resync (nothing
 	// else changes), then count.
 	before := reconciles(g, mgr, "guestingress")
@@ -122,6 +144,23 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 	steady.log(t, fmt.Sprintf("steady state (%v of GuestIngress reconciles by the resync)", reconciles(g, mgr, "guestingress")-before))
 	g.Expect(steady.writes(all)).To(BeZero(), "writes at steady state:\n%s", steady.counts(isWrite))
 	g.Expect(steady.reads()).To(BeZero(), "live reads at steady state:\n%s", steady.counts(isRead))
+	for _, m := range paused {
+		gi := m.GuestIngress
+		name := hostnames.Pool(gi)
+		g.Expect(l.Host.Client.Get(ctx, client.ObjectKey{Name: name}, ingress.NewPool())).To(Succeed(), "a paused, admitted GuestIngress keeps its pool")
+		g.Expect(l.Host.Client.Get(ctx, client.ObjectKey{Name: name}, ingress.NewL2Policy())).To(Succeed(), "and its L2 policy")
+		g.Expect(l.Host.Client.Get(ctx, client.ObjectKey{Namespace: gi.Namespace, Name: hostnames.HostService(gi)}, &corev1.Service{})).To(Succeed(), "and its host Service")
+	}
+}
+
+// eventuallyPaused waits until the GuestIngress reports Paused=True, and is still admitted.
+func eventuallyPaused(ctx context.Context, g *WithT, c client.Client, gi *guestnetv1.GuestIngress) {
+	g.Eventually(func(g Gomega) {
+		got := &guestnetv1.GuestIngress{}
+		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(gi), got)).To(Succeed())
+		g.Expect(conditions.IsTrue(got, guestnetv1.PausedCondition)).To(BeTrue(), "%s: %v", gi.Namespace, got.Status.Conditions)
+		g.Expect(conditions.IsTrue(got, guestnetv1.AdmittedCondition)).To(BeTrue(), "%s: %v", gi.Namespace, got.Status.Conditions)
+	}).WithTimeout(3 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
 }
 
 // phase is the manager's requests during one phase, to the host and to the guest.

@@ -33,7 +33,7 @@ func SetPausedCondition(obj Object, cluster *clusterv1.Cluster) bool {
 		Type:    guestnetv1.PausedCondition,
 		Status:  metav1.ConditionTrue,
 		Reason:  guestnetv1.PausedReason,
-		Message: strings.Join(reasons, "; ") + ". guestnet changes nothing until the pause is lifted",
+		Message: strings.Join(reasons, "; ") + ". guestnet makes no new changes until the pause is lifted",
 	})
 	return true
 }

@@ -82,7 +82,7 @@ func TestSetPausedCondition(t *testing.T) {
 			wantPaused: true,
 			wantMessage: []string{
 				"This object has", "spec.paused set to true", "Cluster guest has the cluster.x-k8s.io/paused annotation",
-				"guestnet changes nothing until the pause is lifted",
+				"guestnet makes no new changes until the pause is lifted",
 			},
 		},
 		{

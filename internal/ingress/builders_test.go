@@ -197,7 +197,8 @@ func TestPool(t *testing.T) {
 			g.Expect(pool.GetNamespace()).To(BeEmpty())
 			g.Expect(pool.Object["spec"]).To(Equal(map[string]any{"blocks": tt.wantBlocks, "serviceSelector": selector}))
 			g.Expect(pool.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/managed-by", "guestnet"))
-			g.Expect(pool.GetAnnotations()).To(Equal(map[string]string{"guestnet.addons.cluster.x-k8s.io/guestingress": "k0smotron/web"}))
+			g.Expect(pool.GetAnnotations()).To(Equal(map[string]string{"guestnet.addons.cluster.x-k8s.io/guestingress": "k0smotron/web",
+				"guestnet.addons.cluster.x-k8s.io/guestingress-uid": "uid-1"}), "the GuestIngress exactly, and its UID")
 		})
 	}
 }

@@ -53,11 +53,15 @@ func HostServiceLabels(gi *guestnetv1.GuestIngress) map[string]string {
 }
 
 // HostServiceAnnotations are the annotations of gi's host Service: spec.loadBalancer.annotations
-// without the forbidden keys, and Cilium LB-IPAM's IP request for spec.loadBalancer.ip.
+// without the forbidden keys, Cilium LB-IPAM's IP request for spec.loadBalancer.ip, and the
+// mark of the manager instance that made it (ownership.WatchFilterAnnotation).
 func HostServiceAnnotations(gi *guestnetv1.GuestIngress) map[string]string {
 	annotations := withoutForbiddenKeys(gi.Spec.LoadBalancer.Annotations)
 	if ip := gi.Spec.LoadBalancer.IP; ip != "" {
 		annotations[LBIPAMIPsAnnotation] = ip
+	}
+	if mark := ownership.InstanceMark(gi); mark != "" {
+		annotations[ownership.WatchFilterAnnotation] = mark
 	}
 	return annotations
 }

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 )
@@ -42,6 +44,14 @@ const (
 	// GuestIngressAnnotation holds "<namespace>/<name>" of the GuestIngress, exactly (label
 	// values may be shortened).
 	GuestIngressAnnotation = "guestnet.addons.cluster.x-k8s.io/guestingress"
+	// GuestIngressUIDAnnotation holds the UID of the GuestIngress a pool or L2 policy was
+	// made for: a GuestIngress deleted and created again under the same name is another
+	// one, and what was made for the first is an orphan (docs/decisions/0008).
+	GuestIngressUIDAnnotation = "guestnet.addons.cluster.x-k8s.io/guestingress-uid"
+	// WatchFilterAnnotation holds the watch-filter value (cluster.x-k8s.io/watch-filter) of
+	// the manager instance that made a host object, so that each instance sweeps only its
+	// own orphans. Absent when the GuestIngress carried no watch-filter label.
+	WatchFilterAnnotation = "guestnet.addons.cluster.x-k8s.io/watch-filter"
 )
 
 // Labels are the labels guestnet puts on every host object of gi; they win over the user's
@@ -57,9 +67,67 @@ func Labels(gi *guestnetv1.GuestIngress) map[string]string {
 	}
 }
 
-// Annotations are the annotations guestnet puts on its cluster-scoped host objects of gi.
+// Annotations are the annotations guestnet puts on its cluster-scoped host objects of gi:
+// the GuestIngress exactly, its UID and the instance's mark (InstanceMark).
 func Annotations(gi *guestnetv1.GuestIngress) map[string]string {
-	return map[string]string{GuestIngressAnnotation: gi.Namespace + "/" + gi.Name}
+	a := map[string]string{GuestIngressAnnotation: gi.Namespace + "/" + gi.Name}
+	if gi.UID != "" {
+		a[GuestIngressUIDAnnotation] = string(gi.UID)
+	}
+	if mark := InstanceMark(gi); mark != "" {
+		a[WatchFilterAnnotation] = mark
+	}
+	return a
+}
+
+// InstanceMark is the mark of the manager instance that reconciles gi, as its host objects
+// carry it (WatchFilterAnnotation): gi's own cluster.x-k8s.io/watch-filter label. An instance
+// with a watch filter reconciles only GuestIngresses labelled with its value, so the label is
+// that value; an instance without one reconciles everything and sweeps every mark.
+func InstanceMark(gi metav1.Object) string {
+	return gi.GetLabels()[clusterv1.WatchLabel]
+}
+
+// MadeByInstance reports whether obj, a host object of guestnet's, was made by the manager
+// instance with this watch-filter value: its WatchFilterAnnotation is that value. An instance
+// without a watch filter (value "") made, and sweeps, all of them.
+func MadeByInstance(obj metav1.Object, watchFilterValue string) bool {
+	return watchFilterValue == "" || obj.GetAnnotations()[WatchFilterAnnotation] == watchFilterValue
+}
+
+// MadeForUID is the UID of the GuestIngress obj was made for: a host Service's controller
+// owner reference's, a pool's or L2 policy's GuestIngressUIDAnnotation. Empty for an object
+// made before guestnet recorded it (adopted by the GuestIngress of its name, IsOwnedBy).
+func MadeForUID(obj metav1.Object) types.UID {
+	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil && ref.Kind == "GuestIngress" {
+		return ref.UID
+	}
+	return types.UID(obj.GetAnnotations()[GuestIngressUIDAnnotation])
+}
+
+// Orphaned reports whether obj, a host object made for a GuestIngress of live's key, is an
+// orphan for the manager instance with this watch-filter value: the GuestIngress is gone
+// (live is nil), is no longer this instance's (its watch-filter label changed), or is another
+// one than obj was made for (another UID). An object made before guestnet recorded UIDs is
+// the GuestIngress's of its name (adopted, not an orphan) while that one exists.
+func Orphaned(obj metav1.Object, live *guestnetv1.GuestIngress, watchFilterValue string) bool {
+	if live == nil || (watchFilterValue != "" && InstanceMark(live) != watchFilterValue) {
+		return true
+	}
+	uid := MadeForUID(obj)
+	return uid != "" && live.UID != "" && uid != live.UID
+}
+
+// NeedsMarks reports whether a pool or L2 policy of gi lacks the marks guestnet puts on
+// them now (the UID, the instance's mark): one made by an older guestnet, adopted by
+// writing them.
+func NeedsMarks(obj metav1.Object, gi *guestnetv1.GuestIngress) bool {
+	for k, v := range Annotations(gi) {
+		if obj.GetAnnotations()[k] != v {
+			return true
+		}
+	}
+	return false
 }
 
 // SelectGuestIngress is the label selector of every host object of gi.
@@ -71,16 +139,20 @@ func SelectGuestIngress(gi *guestnetv1.GuestIngress) map[string]string {
 	}
 }
 
-// IsOwnedBy reports whether obj is a host object guestnet created for gi: a Service whose
-// controller is gi, or a pool or policy labelled and annotated for gi. Nothing else is ever
-// changed or deleted by guestnet.
+// IsOwnedBy reports whether obj is a host object guestnet created for gi, UID-exact: a
+// Service whose controller is gi, or a pool or policy labelled and annotated for gi and
+// made for its UID (or made before guestnet recorded UIDs: adopted). An object made for
+// another GuestIngress of the same name, deleted since, is not gi's: it is an orphan for the
+// sweep. Nothing else is ever changed or deleted by guestnet.
 func IsOwnedBy(obj metav1.Object, gi *guestnetv1.GuestIngress) bool {
 	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil {
 		return ref.Kind == "GuestIngress" && ref.Name == gi.Name &&
 			(gi.UID == "" || ref.UID == gi.UID) && obj.GetNamespace() == gi.Namespace
 	}
+	uid := obj.GetAnnotations()[GuestIngressUIDAnnotation]
 	return obj.GetLabels()[ManagedByLabel] == ManagedByValue &&
-		obj.GetAnnotations()[GuestIngressAnnotation] == gi.Namespace+"/"+gi.Name
+		obj.GetAnnotations()[GuestIngressAnnotation] == gi.Namespace+"/"+gi.Name &&
+		(uid == "" || gi.UID == "" || types.UID(uid) == gi.UID)
 }
 
 // GuestIngressOf returns the GuestIngress a host object belongs to, from its controller

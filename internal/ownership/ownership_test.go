@@ -68,6 +68,59 @@ func TestLabelsAndOwnership(t *testing.T) {
 	g.Expect(key.String()).To(Equal("k0smotron/web"))
 }
 
+// Pools and L2 policies are a GuestIngress's UID-exactly: one made for a former GuestIngress
+// of the same name is not the new one's (the sweep deletes it), one made before guestnet
+// recorded UIDs is adopted. Each carries the mark of the instance that made it.
+func TestUIDAndInstanceMarks(t *testing.T) {
+	g := NewWithT(t)
+	web := gi("k0smotron", "web", "tenant-a")
+	web.Labels = map[string]string{"cluster.x-k8s.io/watch-filter": "shard-1"}
+	g.Expect(Annotations(web)).To(Equal(map[string]string{
+		GuestIngressAnnotation:    "k0smotron/web",
+		GuestIngressUIDAnnotation: "uid-1",
+		WatchFilterAnnotation:     "shard-1",
+	}))
+	g.Expect(InstanceMark(web)).To(Equal("shard-1"))
+	unlabelled := gi("k0smotron", "web", "tenant-a")
+	g.Expect(Annotations(unlabelled)).NotTo(HaveKey(WatchFilterAnnotation), "no mark without a watch-filter label")
+
+	pool := &metav1.ObjectMeta{Name: hostnames.Pool(web), Labels: Labels(web), Annotations: Annotations(web)}
+	g.Expect(IsOwnedBy(pool, web)).To(BeTrue())
+	g.Expect(MadeForUID(pool)).To(BeEquivalentTo("uid-1"))
+	g.Expect(NeedsMarks(pool, web)).To(BeFalse())
+	recreated := gi("k0smotron", "web", "tenant-a")
+	recreated.UID = "uid-2"
+	g.Expect(IsOwnedBy(pool, recreated)).To(BeFalse(), "a pool of a former GuestIngress of the same name")
+
+	legacy := &metav1.ObjectMeta{Name: hostnames.Pool(web), Labels: Labels(web), Annotations: map[string]string{GuestIngressAnnotation: "k0smotron/web"}}
+	g.Expect(IsOwnedBy(legacy, recreated)).To(BeTrue(), "made before UIDs were recorded: adopted by the GuestIngress of its name")
+	g.Expect(MadeForUID(legacy)).To(BeEmpty())
+	g.Expect(NeedsMarks(legacy, web)).To(BeTrue())
+
+	svc := &metav1.ObjectMeta{Namespace: "k0smotron", Name: hostnames.HostService(web), Labels: Labels(web),
+		OwnerReferences: []metav1.OwnerReference{{Kind: "GuestIngress", Name: "web", UID: "uid-1", Controller: ptr.To(true)}}}
+	g.Expect(MadeForUID(svc)).To(BeEquivalentTo("uid-1"))
+
+	for _, tc := range []struct {
+		name   string
+		mark   *string
+		filter string
+		want   bool
+	}{
+		{name: "an instance without a watch filter made all of them", mark: ptr.To("shard-1"), filter: "", want: true},
+		{name: "unmarked, for an instance without a filter", filter: "", want: true},
+		{name: "its own mark", mark: ptr.To("shard-1"), filter: "shard-1", want: true},
+		{name: "another instance's mark", mark: ptr.To("shard-2"), filter: "shard-1"},
+		{name: "unmarked, for an instance with a filter", filter: "shard-1"},
+	} {
+		obj := &metav1.ObjectMeta{Annotations: map[string]string{}}
+		if tc.mark != nil {
+			obj.Annotations[WatchFilterAnnotation] = *tc.mark
+		}
+		g.Expect(MadeByInstance(obj, tc.filter)).To(Equal(tc.want), tc.name)
+	}
+}
+
 func TestBridgeLabelsAndOwnership(t *testing.T) {
 	g := NewWithT(t)
 	b := gwb("k0smotron", "bridge", "tenant-a")

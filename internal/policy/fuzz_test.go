@@ -15,7 +15,8 @@ package policy_test
 //     pool's blocks), no IPv4-mapped IPv6 address, the class is the policy's, Local traffic (the only source of a
 //     health-check nodePort) only when the policy allows it, every user key on the Service is
 //     allowed, the interfaces are the policy's, the node selector holds the policy's, and no
-//     pool but its own (and the shared one) can hand out an IP chosen by LB-IPAM.
+//     pool but its own (and the shared one) can hand out an IP chosen by LB-IPAM; and what is
+//     built is within what is admitted (HeldBeyondAdmitted cuts nothing of it).
 //
 // Run longer with: go test ./internal/policy -run '^$' -fuzz FuzzBuilders -fuzztime 2m
 
@@ -333,6 +334,22 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 	} else if l2 != nil {
 		t.Fatalf("an L2 policy for class %s", ingress.LoadBalancerClass(gi))
 	}
+
+	// What guestnet builds for what is admitted is within it: the held check
+	// (HeldBeyondAdmitted) never takes off what the next apply puts back.
+	held := policy.Held{HostService: svc, Pool: pool, L2Policy: l2}
+	if ip, err := netip.ParseAddr(lb.IP); err == nil {
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip.String()}}
+	}
+	if e := policy.HeldBeyondAdmitted(in.input(gi, ns, p, pools), d, held); !e.None() {
+		t.Fatalf("what guestnet builds for an admitted GuestIngress is not within what is admitted: %q %q %q",
+			e.HostService.Outside, e.Pool.Outside, e.L2Policy.Outside)
+	}
+}
+
+// input is the admission input of the fuzzed GuestIngress.
+func (fuzzInput) input(gi *guestnetv1.GuestIngress, ns *corev1.Namespace, p guestnetv1.GuestIngressPolicy, pools map[string]*unstructured.Unstructured) policy.Input {
+	return policy.Input{GuestIngress: gi, Namespace: ns, Policies: []guestnetv1.GuestIngressPolicy{p}, Pools: pools}
 }
 
 func hostService(t *testing.T, gi *guestnetv1.GuestIngress) *corev1.Service {
