@@ -130,7 +130,7 @@ func TestGuestIngress_FollowsAChangedGuestNodePort(t *testing.T) {
 	// The workers declare the old and the new nodePort (changing declarations is the
 	// workerports controller's business, tested on its own).
 	gc := createIngressCluster(t, l, ns, "tenant-a", 31180, 31181, 31543)
-	w := addWorker(t, l, gc, ns+"-md-0-a", "10.244.51.11")
+	w := addWorker(t, l, gc, ns+"-md-0-a", "10.244.51.11", lab.OnKernelDatapath())
 	stopOld := serveEnvoy(t, w, 31180)
 	serveEnvoy(t, w, 31181)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeNodePort, []int32{31180, 31543})
@@ -368,19 +368,20 @@ func createRealIngressCluster(ctx context.Context, t *testing.T, l *lab.Lab, ns,
 	return gc, kv
 }
 
-func addWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string) *lab.Worker {
+func addWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string, opts ...lab.WorkerOption) *lab.Worker {
 	t.Helper()
-	w, err := l.AddWorker(testContext(t), gc, machine, ip)
+	w, err := l.AddWorker(testContext(t), gc, machine, ip, opts...)
 	if err != nil {
 		t.Fatalf("adding worker %s: %v", machine, err)
 	}
 	return w
 }
 
-// addEnvoyWorker adds a worker whose VM runs the Envoy stand-in on the nodePorts.
+// addEnvoyWorker adds a worker on the kernel datapath whose VM runs the Envoy stand-in on
+// the nodePorts (ip's /24 holds kernel workers only).
 func addEnvoyWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string, nodePorts ...int32) *lab.Worker {
 	t.Helper()
-	w := addWorker(t, l, gc, machine, ip)
+	w := addWorker(t, l, gc, machine, ip, lab.OnKernelDatapath())
 	for _, p := range nodePorts {
 		serveEnvoy(t, w, p)
 	}
