@@ -172,6 +172,37 @@ type hostPodNetwork struct {
 	mu      sync.Mutex
 	up      bool
 	subnets map[string]bool // "10.244.X.0/24"
+	veths   map[string]bool // the pods' veths on the bridge, by name
+}
+
+// NetworkInterfaces are the interfaces of the lab's network namespace: lo, and once kernel
+// workers or host pods exist, the host pod network's bridge and the veths of its pods, each
+// leading to a namespace the lab created. Nothing else may be there.
+func (l *Lab) NetworkInterfaces() []string {
+	out := []string{"lo"}
+	p := &l.podNet
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.up {
+		out = append(out, hostPodBridge)
+	}
+	for v := range p.veths {
+		out = append(out, v)
+	}
+	return out
+}
+
+func (p *hostPodNetwork) track(veth string, add bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.veths == nil {
+		p.veths = map[string]bool{}
+	}
+	if add {
+		p.veths[veth] = true
+	} else {
+		delete(p.veths, veth)
+	}
 }
 
 // podSubnetOf returns the /24 of a kernel worker's pod IP, or why it cannot be one.
@@ -294,6 +325,7 @@ type podNamespace struct {
 	*netNamespace
 	addr, addr6 string
 	hostVeth    string
+	net         *hostPodNetwork
 }
 
 // newPodNamespace creates the namespace <lab>/kernel/<name>.netns for a pod with ip.
@@ -311,12 +343,13 @@ func (l *Lab) newPodNamespace(name string, ip net.IP, dualStack bool) (_ *podNam
 		return nil, err
 	}
 	ip4 := ip.To4()
-	p := &podNamespace{netNamespace: ns, addr: ip4.String(), hostVeth: fmt.Sprintf("lp%02x%02x%02x%02x", ip4[0], ip4[1], ip4[2], ip4[3])}
+	p := &podNamespace{netNamespace: ns, addr: ip4.String(), hostVeth: fmt.Sprintf("lp%02x%02x%02x%02x", ip4[0], ip4[1], ip4[2], ip4[3]), net: &l.podNet}
 	defer func() {
 		if err != nil {
 			p.close()
 		}
 	}()
+	p.net.track(p.hostVeth, true)
 	if err := runIP(
 		"link add "+p.hostVeth+" type veth peer name "+kubevirtPodIface+" netns "+ns.path,
 		"link set "+p.hostVeth+" master "+hostPodBridge,
@@ -345,6 +378,7 @@ func (p *podNamespace) close() {
 	// Deleting the namespace deletes its end of the veth and with it ours; a namespace still
 	// held (a socket, a process) keeps it: cut the pod off the network at once.
 	_ = runIP("link del " + p.hostVeth)
+	p.net.track(p.hostVeth, false)
 }
 
 // kernelVM is one worker VM on the kernel datapath: its virt-launcher pod's namespace and the
