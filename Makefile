@@ -283,7 +283,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
-host-tools: ## Make sure unshare/nsenter (util-linux), ip (iproute2), podman and runc are installed.
+host-tools: ## Make sure unshare/nsenter (util-linux), ip and bridge (iproute2), nft (nftables), podman and runc are installed.
 	@hack/ensure-host-tools.sh
 
 $(ETCD):

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,11 +26,11 @@ import (
 // The real CAPK (lab.StartCAPK) provisions the real CAPI's KubevirtMachines through the
 // KubeVirt stand-in: it creates a VirtualMachine per KubevirtMachine with its own labels,
 // the stand-in boots it (VMI, virt-launcher pod labelled as virt-controller labels it, the
-// masquerade NAT for the VM's declared ports, the guest Node), CAPK patches the Node's
-// providerID, CAPI finds the Node, and the MachineDeployment becomes available. Scaling down
-// deletes a VM, and its VMI and pod go with it, and CAPI deletes its Node. CAPK's webhook
-// refuses a change to a KubevirtMachineTemplate's spec. The labels AddWorker gives played
-// workers are the ones the real CAPK and the stand-in give.
+// kernel datapath with KubeVirt's NAT rules for the VM's declared ports, the guest Node),
+// CAPK patches the Node's providerID, CAPI finds the Node, and the MachineDeployment becomes
+// available. Scaling down deletes a VM, and its VMI, pod and datapath go with it, and CAPI
+// deletes its Node. CAPK's webhook refuses a change to a KubevirtMachineTemplate's spec. The
+// labels AddWorker gives played workers are the ones the real CAPK and the stand-in give.
 func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 	g := NewWithT(t)
 	l := startLab(t)
@@ -47,8 +49,8 @@ func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 		lab.ForRealCAPI(filter), lab.ForRealCAPK())
 	g.Expect(err).NotTo(HaveOccurred())
 	kv, err := l.StartKubeVirtStandIn(ctx, ns, lab.KubeVirtOptions{
-		WorkerSubnet: "10.244.120.0/24",
-		OnBoot:       func(_ context.Context, w *lab.Worker) error { return w.ServeMachineName(30080) },
+		WorkerSubnet: "10.244.120.0/24", KernelDatapath: true,
+		OnBoot: func(_ context.Context, w *lab.Worker) error { return w.ServeMachineName(30080) },
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(kv.Stop)
@@ -88,13 +90,22 @@ func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 		g.Expect(guest.Get(ctx, client.ObjectKey{Name: vm.Name}, node)).To(Succeed())
 		g.Expect(node.Spec.ProviderID).To(Equal("kubevirt://"+vm.Name), "CAPK patches the providerID onto the Node")
 	}
-	// The masquerade stand-in forwards exactly what the real VM's interface declares.
+	// The kernel datapath forwards exactly what the real VM's interface declares: the VM
+	// answers on a declared port, the virt-launcher pod refuses an undeclared one.
 	w := kv.Workers()[0]
+	g.Expect(w.OnKernelDatapath()).To(BeTrue())
 	g.Expect(w.Declared).To(ConsistOf(int32(22), int32(10250), int32(30080)))
 	g.Expect(lab.Get(ctx, w.IP, 30080)).To(Equal(w.Machine))
+	g.Expect(w.ServeMachineName(30081)).To(Succeed())
+	_, err = lab.Get(ctx, w.IP, 30081)
+	g.Expect(errors.Is(err, syscall.ECONNREFUSED)).To(BeTrue(), "an undeclared port is refused: %v", err)
+	running := map[string]string{}
+	for _, w := range kv.Workers() {
+		running[w.Machine] = w.IP
+	}
 
 	// A played worker (AddWorker) is labelled as the real CAPK and the stand-in label theirs.
-	played, err := l.AddWorker(ctx, gc, "played-0", "10.244.120.250")
+	played, err := l.AddWorker(ctx, gc, "played-0", "10.244.120.250", lab.OnKernelDatapath())
 	g.Expect(err).NotTo(HaveOccurred())
 	realPod, playedPod := &corev1.Pod{}, &corev1.Pod{}
 	g.Expect(host.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.Pod}, realPod)).To(Succeed())
@@ -135,6 +146,11 @@ func TestLab_RealCAPKCreatesTheVMs(t *testing.T) {
 		g.Expect(names).To(ConsistOf(vms.Items[0].Name))
 	}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 	g.Expect(kv.Workers()).To(HaveLen(1))
+	delete(running, kv.Workers()[0].Machine)
+	for machine, ip := range running {
+		_, err := lab.Get(ctx, ip, 30080)
+		g.Expect(err).To(HaveOccurred(), "the deleted VM %s answers nothing at %s", machine, ip)
+	}
 
 	// A template whose virtualMachineTemplate.metadata.namespace names another namespace:
 	// CAPK creates the VMs there, out of reach of host Services in the Cluster's namespace

@@ -130,7 +130,7 @@ func TestGuestIngress_FollowsAChangedGuestNodePort(t *testing.T) {
 	// The workers declare the old and the new nodePort (changing declarations is the
 	// workerports controller's business, tested on its own).
 	gc := createIngressCluster(t, l, ns, "tenant-a", 31180, 31181, 31543)
-	w := addWorker(t, l, gc, ns+"-md-0-a", "10.244.51.11")
+	w := addWorker(t, l, gc, ns+"-md-0-a", "10.244.51.11", lab.OnKernelDatapath())
 	stopOld := serveEnvoy(t, w, 31180)
 	serveEnvoy(t, w, 31181)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeNodePort, []int32{31180, 31543})
@@ -157,9 +157,10 @@ func TestGuestIngress_FollowsAChangedGuestNodePort(t *testing.T) {
 	t.Logf("requests through %s reached the new nodePort %s after the change", ip, time.Since(start).Round(time.Millisecond))
 }
 
-// A nodePort the workers' template does not declare is dropped by the masquerade NAT: the
-// host side is all there (IP, ready endpoints, the other port answering) and still every
-// request to that port fails, as in the field report. guestnet's workerports controller
+// A nodePort the workers' template does not declare never reaches the VMs: the virt-launcher
+// pods refuse it (KubeVirt's NAT rules on the kernel datapath); the host side is all there
+// (IP, ready endpoints, the other port answering) and still every request to that port
+// fails, as in the field report. guestnet's workerports controller
 // declares it on a new template, and the real CAPI and CAPK roll the workers: the VMs
 // KubeVirt boots from it (played, held until the failure is shown) answer on both ports, the
 // old VMs go.
@@ -191,7 +192,7 @@ func TestGuestIngress_UndeclaredNodePortBreaksTheRequestUntilTheWorkersRoll(t *t
 	// The chain is up (port 80 goes through to the VMs), yet port 443 never arrives.
 	g.Eventually(func() (string, error) { return lab.Get(ctx, ip, 80) }).WithTimeout(giTimeout).Should(BeElementOf(old[0].Machine, old[1].Machine))
 	g.Consistently(func() error { _, err := lab.Get(ctx, ip, 443); return err }).WithTimeout(time.Second).
-		Should(HaveOccurred(), "the workers' masquerade interface drops the undeclared nodePort")
+		Should(HaveOccurred(), "the workers' virt-launcher pods refuse the undeclared nodePort")
 
 	// guestnet repointed the MachineDeployment at a template that declares the nodePorts;
 	// CAPI rolls the workers, CAPK creates their VMs from it, KubeVirt boots them.
@@ -336,8 +337,8 @@ const realRollout = 4 * time.Minute
 
 // createRealIngressCluster creates a guest cluster for the real CAPI and CAPK, started for
 // namespace ns, whose worker template declares SSH, the kubelet and declared; the KubeVirt
-// stand-in boots its VMs (pod IPs from subnet), each running the Envoy stand-in on
-// envoyPorts. It returns once CAPI reports both workers available.
+// stand-in boots its VMs on the kernel datapath (pod IPs from subnet), each running the
+// Envoy stand-in on envoyPorts. It returns once CAPI reports both workers available.
 func createRealIngressCluster(ctx context.Context, t *testing.T, l *lab.Lab, ns, name, subnet string, declared []int32, envoyPorts ...int32) (*lab.GuestCluster, *lab.KubeVirt) {
 	t.Helper()
 	g := NewWithT(t)
@@ -350,7 +351,7 @@ func createRealIngressCluster(ctx context.Context, t *testing.T, l *lab.Lab, ns,
 	gc, err := l.CreateGuestCluster(ctx, ns, name, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, declared...)},
 		lab.ForRealCAPI(ns), lab.ForRealCAPK())
 	g.Expect(err).NotTo(HaveOccurred())
-	kv, err := l.StartKubeVirtStandIn(ctx, ns, lab.KubeVirtOptions{WorkerSubnet: subnet, OnBoot: func(_ context.Context, w *lab.Worker) error {
+	kv, err := l.StartKubeVirtStandIn(ctx, ns, lab.KubeVirtOptions{WorkerSubnet: subnet, KernelDatapath: true, OnBoot: func(_ context.Context, w *lab.Worker) error {
 		for _, p := range envoyPorts {
 			if err := w.ServeMachineName(p); err != nil {
 				return err
@@ -368,19 +369,20 @@ func createRealIngressCluster(ctx context.Context, t *testing.T, l *lab.Lab, ns,
 	return gc, kv
 }
 
-func addWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string) *lab.Worker {
+func addWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string, opts ...lab.WorkerOption) *lab.Worker {
 	t.Helper()
-	w, err := l.AddWorker(testContext(t), gc, machine, ip)
+	w, err := l.AddWorker(testContext(t), gc, machine, ip, opts...)
 	if err != nil {
 		t.Fatalf("adding worker %s: %v", machine, err)
 	}
 	return w
 }
 
-// addEnvoyWorker adds a worker whose VM runs the Envoy stand-in on the nodePorts.
+// addEnvoyWorker adds a worker on the kernel datapath whose VM runs the Envoy stand-in on
+// the nodePorts (ip's /24 holds kernel workers only).
 func addEnvoyWorker(t *testing.T, l *lab.Lab, gc *lab.GuestCluster, machine, ip string, nodePorts ...int32) *lab.Worker {
 	t.Helper()
-	w := addWorker(t, l, gc, machine, ip)
+	w := addWorker(t, l, gc, machine, ip, lab.OnKernelDatapath())
 	for _, p := range nodePorts {
 		serveEnvoy(t, w, p)
 	}

@@ -210,7 +210,7 @@ func TestImage_RunsTheReleaseDeploymentUnderPodman(t *testing.T) {
 	pid, err := strconv.Atoi(state[0])
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(pid).To(BeNumerically(">", 0), "the container is not running: state %v", state[1:])
-	checkContainerProcess(t, pid)
+	checkContainerProcess(t, l, pid)
 
 	// Ready: the readiness probe of the Deployment answers.
 	probe := container.ReadinessProbe
@@ -769,8 +769,9 @@ func securityContextFlags(t *testing.T, sc *corev1.SecurityContext) []string {
 // checkContainerProcess reads the container's main process from /proc: the image's non-root
 // user, no capabilities, a read-only root filesystem with nothing writable mounted on it but
 // the kubelet-style token directory (read-only too), and the lab's network namespace, whose
-// only interface is lo, so no packet it sends can leave the machine.
-func checkContainerProcess(t *testing.T, pid int) {
+// interfaces are lo and the lab's own host pod network (Lab.NetworkInterfaces: a bridge and
+// veths into namespaces the lab made), so no packet it sends can leave the machine.
+func checkContainerProcess(t *testing.T, l *lab.Lab, pid int) {
 	t.Helper()
 	g := NewWithT(t)
 	proc := func(name string) string {
@@ -816,7 +817,7 @@ func checkContainerProcess(t *testing.T, pid int) {
 			ifaces = append(ifaces, name)
 		}
 	}
-	g.Expect(ifaces).To(Equal([]string{"lo"}), "the container's network interfaces")
+	g.Expect(ifaces).To(ConsistOf(l.NetworkInterfaces()), "the container's network interfaces: lo and the lab's host pod network (kernel datapath) only")
 }
 
 func containerPort(t *testing.T, c corev1.Container, name string) int32 {

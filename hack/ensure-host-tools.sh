@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Makes sure the commands the lab needs are present: unshare, nsenter and mount (util-linux)
-# and ip (iproute2) for its network namespaces, and podman with runc, which run the manager
-# image in e2e/image_test.go (docs/install.md). Debian images ship util-linux and iproute2; on
-# a machine without them, and for podman and runc, they are installed from Debian's packages
-# (as root). runc, not crun: crun refuses these machines' hybrid cgroups.
+# and ip and bridge (iproute2) for its network namespaces, nft (nftables) for KubeVirt's
+# masquerade rules on the kernel datapath (e2e/lab/kerneldatapath.go), and podman with runc,
+# which run the manager image in e2e/image_test.go (docs/install.md). Debian images ship
+# util-linux and iproute2; on a machine without them, and for nftables, podman and runc, they
+# are installed from Debian's packages (as root). runc, not crun: crun refuses these
+# machines' hybrid cgroups.
 set -euo pipefail
 missing=()
 for cmd in unshare nsenter mount; do command -v "$cmd" >/dev/null || missing+=(util-linux); done
-command -v ip >/dev/null || missing+=(iproute2)
+for cmd in ip bridge; do command -v "$cmd" >/dev/null || missing+=(iproute2); done
+command -v nft >/dev/null || missing+=(nftables)
 command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
 [ ${#missing[@]} -eq 0 ] && exit 0

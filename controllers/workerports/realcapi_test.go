@@ -4,9 +4,10 @@ package workerports_test
 // the real CAPK (lab.StartCAPK), instead of lab.SetMachineDeploymentStatus: CAPI's own
 // MachineDeployment and MachineSet controllers react to guestnet's repointed
 // MachineDeployment, CAPK creates a VirtualMachine per KubevirtMachine from its template, and
-// guestnet reads the status they write. KubeVirt is played (lab.StartKubeVirtStandIn): until
-// it runs, VMs never boot, so a rollout starts and never finishes, which is what "one rollout
-// at a time" has to cope with.
+// guestnet reads the status they write. KubeVirt is played (lab.StartKubeVirtStandIn, its VMs
+// on the lab's kernel datapath with KubeVirt's own NAT rules): until it runs, VMs never boot,
+// so a rollout starts and never finishes, which is what "one rollout at a time" has to cope
+// with.
 
 import (
 	"context"
@@ -83,7 +84,7 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 	// KubeVirt boots the VMs: CAPK reports them ready and gives their Nodes the providerID,
 	// CAPI replaces the old workers one by one. Only once the old Machines are gone does
 	// guestnet declare the second port, in the next template.
-	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.40.0/24"})
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.40.0/24", KernelDatapath: true})
 	e.g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(kv.Stop)
 	var second string
@@ -121,7 +122,7 @@ func TestPortAddedLaterCreatesTheNextTemplateAfterTheRollout(t *testing.T) {
 // same with lab.SetMachineDeploymentStatus.)
 func TestRepointToATemplateLackingThePortsIsFollowedAtOnce(t *testing.T) {
 	e := newRealEnv(t, lab.WorkerTemplateOptions{Ports: []int32{22}})
-	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.41.0/24"})
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.41.0/24", KernelDatapath: true})
 	e.g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(kv.Stop)
 	e.g.SetDefaultEventuallyTimeout(rollout)
@@ -165,7 +166,7 @@ func TestRepointToATemplateLackingThePortsIsFollowedAtOnce(t *testing.T) {
 // test checked the same with lab.SetMachineDeploymentStatus.)
 func TestRepointToATemplateWithThePortsCausesNoSecondRollout(t *testing.T) {
 	e := newRealEnv(t, lab.WorkerTemplateOptions{Ports: append([]int32{22, 10250}, bridgePorts...), UDPPorts: []int32{tunnelPort}})
-	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.42.0/24"})
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: "10.244.42.0/24", KernelDatapath: true})
 	e.g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(kv.Stop)
 	e.g.SetDefaultEventuallyTimeout(rollout)
@@ -232,7 +233,7 @@ func newRealEnv(t *testing.T, tmpl lab.WorkerTemplateOptions) *env {
 // Eventually of the test may last a real rollout.
 func newRunningRealEnv(t *testing.T, tmpl lab.WorkerTemplateOptions, workerSubnet string) (*env, *lab.KubeVirt) {
 	e := newRealEnv(t, tmpl)
-	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: workerSubnet})
+	kv, err := e.l.StartKubeVirtStandIn(e.ctx, e.ns, lab.KubeVirtOptions{WorkerSubnet: workerSubnet, KernelDatapath: true})
 	e.g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(kv.Stop)
 	e.g.SetDefaultEventuallyTimeout(rollout)

@@ -297,7 +297,9 @@ func workerTemplate(ns, name string, opts WorkerTemplateOptions) *unstructured.U
 }
 
 // Worker is one worker VM of a guest cluster: a virt-launcher pod in the host, whose pod IP
-// is the VM's only routable address, and the matching Node in the guest.
+// is the VM's only routable address, and the matching Node in the guest. Its datapath is
+// either the kernel's (network namespaces with KubeVirt's NAT rules, kerneldatapath.go) or
+// the userspace masquerade stand-in (masquerade.go).
 type Worker struct {
 	Machine string
 	IP      string
@@ -305,27 +307,77 @@ type Worker struct {
 	// Template is the KubevirtMachineTemplate the VM was created from: its declared ports
 	// are fixed for the VM's life, as in KubeVirt.
 	Template string
-	// VMAddress is where what runs inside the VM listens (see ServeInVM).
+	// VMAddress is where what runs inside the VM listens (see ServeInVM): on the kernel
+	// datapath the VM's masquerade address (10.0.2.2), in the VM's own network namespace;
+	// with the userspace stand-in an address of the lab namespace for this VM alone.
 	VMAddress string
 	// Declared are the TCP ports the VM's masquerade interface declares (nil: no ports
-	// list, every port is forwarded); only set for VMs of the KubeVirt stand-in.
+	// list, every port is forwarded).
 	Declared []int32
 
-	nat *masqueradeNAT
-	mu  sync.Mutex
-	vm  []net.Listener
+	nat    *masqueradeNAT // the userspace stand-in, or
+	kernel *kernelVM      // the kernel datapath
+	mu     sync.Mutex
+	vm     []net.Listener
+}
+
+// WorkerOption chooses the datapath of a worker AddWorker adds.
+type WorkerOption func(*workerOptions)
+
+type workerOptions struct {
+	kernel, dualStack bool
+}
+
+// OnKernelDatapath puts the worker on the kernel datapath (kerneldatapath.go): its pod IP
+// must be in a /24 of 10.244.1.0-10.244.127.255 that holds no userspace worker, not .254.
+func OnKernelDatapath() WorkerOption { return func(o *workerOptions) { o.kernel = true } }
+
+// DualStack gives a kernel worker's pod an IPv6 address too (fd00:10:244:X::Y for
+// 10.244.X.Y), and its VM KubeVirt's IPv6 masquerade (fd10:0:2::2 behind fd10:0:2::1, the
+// ip6 nat rules), as KubeVirt does for a pod with a global IPv6 address.
+func DualStack() WorkerOption { return func(o *workerOptions) { o.kernel, o.dualStack = true, true } }
+
+// newWorker starts the datapath of a worker VM with pod IP ip and VMI spec vmi: the kernel's
+// or the userspace masquerade stand-in's.
+func (l *Lab) newWorker(machine, ip string, vmi *kubevirtv1.VirtualMachineInstanceSpec, opts workerOptions) (*Worker, error) {
+	declared, forwardAll := masqueradePorts(vmi)
+	w := &Worker{Machine: machine, IP: ip, Declared: declared}
+	if forwardAll {
+		w.Declared = nil
+	}
+	if opts.kernel {
+		k, err := l.startKernelVM(kernelVMSpec{name: machine, podIP: net.ParseIP(ip), dualStack: opts.dualStack, vmi: vmi})
+		if err != nil {
+			return nil, err
+		}
+		w.kernel, w.VMAddress = k, k.vmAddr.String()
+		return w, nil
+	}
+	if l.onKernelSubnet(ip) {
+		return nil, fmt.Errorf("worker %s: pod IP %s is in a /24 of the kernel datapath: add it with lab.OnKernelDatapath", machine, ip)
+	}
+	vmAddr, err := vmAddress(ip)
+	if err != nil {
+		return nil, err
+	}
+	if w.nat, err = newMasqueradeNAT(ip, vmAddr, declared, forwardAll); err != nil {
+		return nil, err
+	}
+	w.VMAddress = vmAddr
+	return w, nil
 }
 
 // AddWorker adds a running worker VM to the guest cluster, created from the template its
 // MachineDeployment points at now: a virt-launcher pod in the host, labelled exactly as
 // KubeVirt labels the pod of a VM that CAPK created from that template, with its pod IP and
 // Ready condition set through the status subresource (no kubelet runs in the lab), a Ready
-// Node in the guest with the same InternalIP, and the masquerade stand-in that forwards the
-// template's declared ports from the pod IP into the VM.
-func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip string) (*Worker, error) {
-	vmAddr, err := vmAddress(ip)
-	if err != nil {
-		return nil, err
+// Node in the guest with the same InternalIP, and the datapath that forwards the template's
+// declared ports from the pod IP into the VM: the userspace masquerade stand-in, or the
+// kernel's with OnKernelDatapath.
+func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip string, opts ...WorkerOption) (*Worker, error) {
+	var o workerOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
 	tmpl, err := l.currentWorkerTemplate(ctx, gc)
 	if err != nil {
@@ -345,12 +397,11 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(vmiSpecMap, vmiSpec); err != nil {
 		return nil, fmt.Errorf("reading the VM spec of template %s: %w", tmpl.GetName(), err)
 	}
-	declared, forwardAll := masqueradePorts(vmiSpec)
-	nat, err := newMasqueradeNAT(ip, vmAddr, declared, forwardAll)
+	w, err := l.newWorker(machine, ip, vmiSpec, o)
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{Machine: machine, IP: ip, Template: tmpl.GetName(), VMAddress: vmAddr, nat: nat}
+	w.Template = tmpl.GetName()
 	l.track(w)
 
 	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{
@@ -375,7 +426,7 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 	pod.Status = corev1.PodStatus{
 		Phase:  corev1.PodRunning,
 		PodIP:  ip,
-		PodIPs: []corev1.PodIP{{IP: ip}},
+		PodIPs: w.podIPs(),
 		Conditions: []corev1.PodCondition{
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
@@ -413,7 +464,13 @@ func (l *Lab) currentWorkerTemplate(ctx context.Context, gc *GuestCluster) (*uns
 // ServeInVM listens on port inside the worker VM, where a guest workload behind a NodePort
 // (kube-proxy in the VM forwarding to, say, Envoy) would answer. From outside the VM it is
 // reachable only through the worker's pod IP, and only if the port is declared.
+//
+// On the kernel datapath it listens on every address of the VM's network namespace, as a
+// server on a VM's host network does: 10.0.2.2 (and fd10:0:2::2) on its eth0, and its lo.
 func (w *Worker) ServeInVM(port int32) (net.Listener, error) {
+	if w.kernel != nil {
+		return w.kernel.listenInVM(port)
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(w.VMAddress, strconv.Itoa(int(port))))
 	if err != nil {
 		return nil, err
@@ -430,9 +487,27 @@ func (w *Worker) ServeInVM(port int32) (net.Listener, error) {
 	return l, nil
 }
 
-// stop ends the worker's NAT stand-in and what runs in its VM.
+// forwardsEveryPort reports whether the userspace stand-in of a worker without a ports list
+// must be told about a port a process serves in the VM (the kernel's NAT needs no telling);
+// forward tells it.
+func (w *Worker) forwardsEveryPort() bool { return w.nat != nil && w.nat.forwardAll }
+
+// podIPs are the worker's pod IPs as a Pod's status lists them.
+func (w *Worker) podIPs() []corev1.PodIP {
+	ips := []corev1.PodIP{{IP: w.IP}}
+	if v6 := w.IPv6(); v6 != "" {
+		ips = append(ips, corev1.PodIP{IP: v6})
+	}
+	return ips
+}
+
+// stop ends the worker's datapath and what runs in its VM.
 func (w *Worker) stop() {
-	w.nat.stop()
+	if w.kernel != nil {
+		w.kernel.close()
+	} else {
+		w.nat.stop()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, l := range w.vm {

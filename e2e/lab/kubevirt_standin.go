@@ -79,8 +79,13 @@ func vmiID(name string) string {
 // KubeVirtOptions tune the KubeVirt stand-in.
 type KubeVirtOptions struct {
 	// WorkerSubnet is the /24 in 10.244.0.0/17 from which virt-launcher pods get their IPs,
-	// .1 upwards, never reused (the lab's "pod network"); distinct per test in one lab.
+	// .1 upwards to .253, never reused (the lab's "pod network"); distinct per test in one lab.
 	WorkerSubnet string
+	// KernelDatapath plays each VM and its virt-launcher pod with network namespaces and
+	// KubeVirt's own nftables rules (kerneldatapath.go) instead of the userspace masquerade
+	// stand-in; the subnet then belongs to the lab's host pod network (no userspace worker in
+	// it). DualStack adds the pods' IPv6 addresses and KubeVirt's IPv6 masquerade.
+	KernelDatapath, DualStack bool
 	// OnBoot, when set, runs once a VM has booted (its Worker serves the declared ports, its
 	// guest Node is registered): what the test runs inside the VM (ServeInVM).
 	OnBoot func(context.Context, *Worker) error
@@ -94,17 +99,24 @@ type KubeVirtOptions struct {
 //   - virt-controller: its finalizer on the VM; the VMI (named after the VM, the template's
 //     metadata and spec, owned by the VM); the virt-launcher Pod (generateName
 //     virt-launcher-<vmi>-, labelled as virt-controller labels it, virtLauncherPodLabels,
-//     owned by the VMI) on a host node; the VMI labelled with that node;
+//     annotated for the Unix migration transport, owned by the VMI) on a host node; the VMI
+//     labelled with that node, its status.migrationTransport Unix;
 //   - the host kubelet: the Pod Running and Ready with the next IP of WorkerSubnet;
 //   - virt-handler and the hypervisor: the VMI Running, Ready, LiveMigratable (masquerade on
 //     the pod network, no disks to migrate), its interface with the pod IP (masquerade
-//     reports the pod's address); the masquerade NAT (masqueradeNAT) for exactly the ports
-//     the VMI's masquerade interface declares (all when it declares none); the VM Ready;
+//     reports the pod's address); the masquerade datapath for exactly the ports the VMI's
+//     masquerade interface declares (all when it declares none): the kernel's with
+//     KernelDatapath (KubeVirt's nft rules in the pod's namespace), else the userspace
+//     stand-in (masqueradeNAT); the VM Ready;
 //   - the guest kubelet: a Ready Node named after the VM's host name with the pod IP as
 //     InternalIP and no providerID (there is no KubeVirt cloud provider: CAPK patches it).
 //
-// When a VM is deleted it shuts the VM down (its NAT and what runs in it), deletes the Pod
-// and the VMI, then releases its finalizer. The guest Node stays: deleting it is CAPI's job.
+// When a VM is deleted it shuts the VM down (its datapath and what runs in it), deletes the
+// Pod and the VMI, then releases its finalizer. The guest Node stays: deleting it is CAPI's
+// job. When a VM's virt-launcher Pod goes while the VM should run, the VM is down: the
+// stand-in shuts it down and deletes its VMI, and starts it again as KubeVirt does for a VM
+// that should run: a new VMI, a new Pod with the next pod IP (the guest Node keeps its old
+// address: a real kubelet would rewrite it, the node-identity work's subject).
 // It logs to <lab>/kubevirt-stand-in-<ns>.log.
 type KubeVirt struct {
 	*standIn
@@ -130,6 +142,14 @@ func (l *Lab) StartKubeVirtStandIn(ctx context.Context, ns string, opts KubeVirt
 	if _, err := vmAddress(ip.String()); err != nil {
 		return nil, err
 	}
+	if opts.DualStack {
+		opts.KernelDatapath = true
+	}
+	if opts.KernelDatapath {
+		if _, err := podSubnetOf(nextIP(ip)); err != nil {
+			return nil, fmt.Errorf("KubeVirt stand-in: WorkerSubnet %s: %w", opts.WorkerSubnet, err)
+		}
+	}
 	if err := l.installKubeVirtCRDs(); err != nil {
 		return nil, err
 	}
@@ -141,8 +161,10 @@ func (l *Lab) StartKubeVirtStandIn(ctx context.Context, ns string, opts KubeVirt
 		inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == ns })
 		err := ctrl.NewControllerManagedBy(mgr).Named("kubevirt-stand-in").
 			For(&kubevirtv1.VirtualMachine{}, builder.WithPredicates(inNamespace)).
+			// A virt-launcher Pod going takes its VM down (its VMI is named after the VM).
+			Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(vmOfLauncherPod), builder.WithPredicates(inNamespace)).
 			WatchesRawSource(source.Channel(k.wake, &handler.EnqueueRequestForObject{})).
-			Complete(&kubevirtReconciler{k: k, c: mgr.GetClient(), guest: l.Guest.Client})
+			Complete(&kubevirtReconciler{k: k, c: mgr.GetClient(), reader: mgr.GetAPIReader(), guest: l.Guest.Client})
 		return k.shutDownAll, err
 	})
 	if err != nil {
@@ -167,6 +189,12 @@ func (k *KubeVirt) Hold() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.held = true
+}
+
+func (k *KubeVirt) isHeld() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.held
 }
 
 // Release starts the VMs Hold kept from starting.
@@ -200,7 +228,7 @@ func (k *KubeVirt) shutDownAll() {
 func (k *KubeVirt) nextIP() (string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.next >= 254 {
+	if k.next >= hostPodGatewayHost-1 {
 		return "", fmt.Errorf("KubeVirt stand-in: no pod IP left in %s", k.opts.WorkerSubnet)
 	}
 	k.next++
@@ -210,9 +238,25 @@ func (k *KubeVirt) nextIP() (string, error) {
 }
 
 type kubevirtReconciler struct {
-	k     *KubeVirt
-	c     client.Client
-	guest client.Client
+	k *KubeVirt
+	c client.Client
+	// reader reads VMIs and Pods from the apiserver: the cache may not hold a Pod just
+	// created, or still hold a VMI just deleted.
+	reader client.Reader
+	guest  client.Client
+}
+
+// vmOfLauncherPod maps a virt-launcher Pod to its VM: the VMI that owns it has the VM's name.
+func vmOfLauncherPod(_ context.Context, o client.Object) []ctrl.Request {
+	if o.GetLabels()[kubevirtLabel] != kubevirtLauncherValue {
+		return nil
+	}
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.Kind == "VirtualMachineInstance" {
+			return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}}}
+		}
+	}
+	return nil
 }
 
 func (r *kubevirtReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -227,8 +271,22 @@ func (r *kubevirtReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, r.c.Update(ctx, vm)
 	}
 	r.k.mu.Lock()
-	held := r.k.held && r.k.workers[vm.Name] == nil
+	running := r.k.workers[vm.Name]
+	held := r.k.held && running == nil
 	r.k.mu.Unlock()
+	if running != nil {
+		down, err := r.podGone(ctx, vm.Namespace, running.Pod)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if down {
+			// The VM starts again below, in a new VMI and Pod.
+			if err := r.restart(ctx, vm, running); err != nil {
+				return ctrl.Result{}, err
+			}
+			held = r.k.isHeld()
+		}
+	}
 	if held || !shouldRun(vm) {
 		return ctrl.Result{}, nil
 	}
@@ -252,6 +310,36 @@ func (r *kubevirtReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	return ctrl.Result{}, r.boot(ctx, w)
 }
 
+// podGone reports whether a running VM's virt-launcher Pod is deleted or being deleted.
+func (r *kubevirtReconciler) podGone(ctx context.Context, ns, name string) (bool, error) {
+	pod := &corev1.Pod{}
+	switch err := r.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod); {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return pod.DeletionTimestamp != nil, nil
+}
+
+// restart plays a VM whose virt-launcher Pod is going: the VM stops (its datapath and what
+// runs in it), the host kubelet finishes the Pod's deletion, its VMI goes (virt-controller
+// fails it, the VM controller replaces it); the next reconcile starts a new VMI and Pod.
+func (r *kubevirtReconciler) restart(ctx context.Context, vm *kubevirtv1.VirtualMachine, w *Worker) error {
+	k := r.k
+	k.mu.Lock()
+	delete(k.workers, vm.Name)
+	delete(k.booted, vm.Name)
+	k.mu.Unlock()
+	w.stop()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: w.Pod}}
+	if err := r.c.Delete(ctx, pod, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}}
+	return client.IgnoreNotFound(r.c.Delete(ctx, vmi))
+}
+
 func shouldRun(vm *kubevirtv1.VirtualMachine) bool {
 	if vm.Spec.RunStrategy != nil {
 		switch *vm.Spec.RunStrategy {
@@ -267,7 +355,10 @@ func shouldRun(vm *kubevirtv1.VirtualMachine) bool {
 // metadata and spec, the VM's name and namespace, owned by the VM.
 func (r *kubevirtReconciler) ensureVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine) (*kubevirtv1.VirtualMachineInstance, error) {
 	vmi := &kubevirtv1.VirtualMachineInstance{}
-	if err := r.c.Get(ctx, client.ObjectKeyFromObject(vm), vmi); !apierrors.IsNotFound(err) {
+	if err := r.reader.Get(ctx, client.ObjectKeyFromObject(vm), vmi); !apierrors.IsNotFound(err) {
+		if err == nil && vmi.DeletionTimestamp != nil {
+			return nil, fmt.Errorf("VMI %s is being deleted", vm.Name)
+		}
 		return vmi, err
 	}
 	if vm.Spec.Template == nil {
@@ -286,7 +377,7 @@ func (r *kubevirtReconciler) ensureVMI(ctx context.Context, vm *kubevirtv1.Virtu
 }
 
 // ensureWorker starts the VM once: its virt-launcher Pod, Running with the next pod IP,
-// and the masquerade NAT for the ports the VMI declares.
+// and the masquerade datapath for the ports the VMI declares.
 func (r *kubevirtReconciler) ensureWorker(ctx context.Context, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (*Worker, error) {
 	k := r.k
 	k.mu.Lock()
@@ -295,29 +386,21 @@ func (r *kubevirtReconciler) ensureWorker(ctx context.Context, vm *kubevirtv1.Vi
 	if w != nil {
 		return w, nil
 	}
-	declared, forwardAll := masqueradePorts(&vmi.Spec)
 	ip, err := k.nextIP()
 	if err != nil {
 		return nil, err
 	}
-	vmAddr, err := vmAddress(ip)
-	if err != nil {
+	if w, err = k.l.newWorker(vm.Name, ip, &vmi.Spec, workerOptions{kernel: k.opts.KernelDatapath, dualStack: k.opts.DualStack}); err != nil {
 		return nil, err
-	}
-	nat, err := newMasqueradeNAT(ip, vmAddr, declared, forwardAll)
-	if err != nil {
-		return nil, err
-	}
-	w = &Worker{Machine: vm.Name, IP: ip, VMAddress: vmAddr, Declared: declared, nat: nat}
-	if forwardAll {
-		w.Declared = nil
 	}
 	node := hostNodeFor(vm.Name)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace:       vm.Namespace,
-			GenerateName:    "virt-launcher-" + vmi.Name + "-",
-			Labels:          virtLauncherPodLabels(vmi),
+			Namespace:    vm.Namespace,
+			GenerateName: "virt-launcher-" + vmi.Name + "-",
+			Labels:       virtLauncherPodLabels(vmi),
+			// virt-controller's template for new virt-launchers (pkg/virt-controller/services/template.go).
+			Annotations:     map[string]string{kubevirtv1.MigrationTransportUnixAnnotation: "true"},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, kubevirtv1.VirtualMachineInstanceGroupVersionKind)},
 		},
 		Spec: corev1.PodSpec{
@@ -328,7 +411,7 @@ func (r *kubevirtReconciler) ensureWorker(ctx context.Context, vm *kubevirtv1.Vi
 		},
 	}
 	if err := r.c.Create(ctx, pod); err != nil {
-		nat.stop()
+		w.stop()
 		return nil, fmt.Errorf("creating virt-launcher pod of %s: %w", vm.Name, err)
 	}
 	w.Pod = pod.Name
@@ -336,7 +419,7 @@ func (r *kubevirtReconciler) ensureWorker(ctx context.Context, vm *kubevirtv1.Vi
 	k.workers[vm.Name] = w
 	k.mu.Unlock()
 	k.l.track(w)
-	if err := setPodRunning(ctx, r.c, pod, ip); err != nil {
+	if err := setPodRunning(ctx, r.c, pod, w); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -345,35 +428,28 @@ func (r *kubevirtReconciler) ensureWorker(ctx context.Context, vm *kubevirtv1.Vi
 // masqueradePorts returns the TCP ports of the VMI's masquerade interface on the pod
 // network, and whether every port is forwarded (no ports list).
 func masqueradePorts(spec *kubevirtv1.VirtualMachineInstanceSpec) (declared []int32, all bool) {
-	var podNetwork string
-	for _, n := range spec.Networks {
-		if n.Pod != nil {
-			podNetwork = n.Name
-		}
+	iface, _, ok := masqueradeInterface(spec)
+	if !ok {
+		return nil, false
 	}
-	for _, iface := range spec.Domain.Devices.Interfaces {
-		if iface.Name != podNetwork || iface.Masquerade == nil {
-			continue
-		}
-		if len(iface.Ports) == 0 {
-			return nil, true
-		}
-		for _, p := range iface.Ports {
-			if p.Protocol == "" || strings.EqualFold(p.Protocol, "TCP") {
-				declared = append(declared, p.Port)
-			}
+	if len(iface.Ports) == 0 {
+		return nil, true
+	}
+	for _, p := range iface.Ports {
+		if p.Protocol == "" || strings.EqualFold(p.Protocol, "TCP") {
+			declared = append(declared, p.Port)
 		}
 	}
 	return declared, false
 }
 
-// setPodRunning plays the host kubelet: the pod runs, Ready, with ip.
-func setPodRunning(ctx context.Context, c client.Client, pod *corev1.Pod, ip string) error {
+// setPodRunning plays the host kubelet: the pod runs, Ready, with the worker's pod IPs.
+func setPodRunning(ctx context.Context, c client.Client, pod *corev1.Pod, w *Worker) error {
 	now := metav1.Now()
 	pod.Status = corev1.PodStatus{
 		Phase:  corev1.PodRunning,
-		PodIP:  ip,
-		PodIPs: []corev1.PodIP{{IP: ip}},
+		PodIP:  w.IP,
+		PodIPs: w.podIPs(),
 		Conditions: []corev1.PodCondition{
 			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
@@ -410,15 +486,23 @@ func (r *kubevirtReconciler) setVMIRunning(ctx context.Context, vmi *kubevirtv1.
 	if len(vmi.Spec.Domain.Devices.Interfaces) > 0 {
 		ifaceName = vmi.Spec.Domain.Devices.Interfaces[0].Name
 	}
+	var ips []string
+	for _, ip := range w.podIPs() {
+		ips = append(ips, ip.IP)
+	}
 	vmi.Status = kubevirtv1.VirtualMachineInstanceStatus{
 		Phase:    kubevirtv1.Running,
 		NodeName: node,
+		// Set by virt-controller when it schedules a VMI whose pod has the Unix transport
+		// annotation (pkg/virt-controller/watch/vmi/lifecycle.go): no legacy migration ports
+		// in the masquerade rules.
+		MigrationTransport: kubevirtv1.MigrationTransportUnix,
 		Conditions: []kubevirtv1.VirtualMachineInstanceCondition{
 			{Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			{Type: kubevirtv1.VirtualMachineInstanceIsMigratable, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		},
 		Interfaces: []kubevirtv1.VirtualMachineInstanceNetworkInterface{{
-			Name: ifaceName, IP: w.IP, IPs: []string{w.IP}, InterfaceName: "eth0", InfoSource: "domain, guest-agent",
+			Name: ifaceName, IP: w.IP, IPs: ips, InterfaceName: "eth0", InfoSource: "domain, guest-agent",
 		}},
 	}
 	if err := r.c.Status().Update(ctx, vmi); err != nil {
@@ -461,7 +545,7 @@ func (r *kubevirtReconciler) boot(ctx context.Context, w *Worker) error {
 	return nil
 }
 
-// shutDown plays the deletion of a VM: the VM stops (NAT and what runs in it), the pod and
+// shutDown plays the deletion of a VM: the VM stops (datapath and what runs in it), the pod and
 // the VMI go, then the finalizer is released.
 func (r *kubevirtReconciler) shutDown(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
 	k := r.k

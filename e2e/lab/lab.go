@@ -69,6 +69,8 @@ type Lab struct {
 	conversionURL  string
 	// withoutCRDs are the third-party CRD directories not installed (Options.WithoutCRDs).
 	withoutCRDs []string
+	// podNet is the host pod network of kernel workers (kerneldatapath.go), made on first use.
+	podNet hostPodNetwork
 }
 
 // Cluster is one control plane of the lab with a client for it.

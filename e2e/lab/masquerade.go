@@ -8,12 +8,15 @@ import (
 	"sync"
 )
 
-// masqueradeNAT stands in for the NAT that KubeVirt's masquerade binding puts in a worker's
-// virt-launcher pod: it listens on the pod IP and forwards to the VM, but only the ports the
-// VM's template declares on the masquerade interface (every port the VM serves when the
-// template has no ports list). KubeVirt drops undeclared ports silently, so a client waits
-// for a timeout; the stand-in has nothing listening there, so the client is refused at once.
-// Either way the packet never reaches the VM. TCP only: the lab's guest workloads are TCP.
+// masqueradeNAT stands in, in userspace, for the NAT that KubeVirt's masquerade binding puts
+// in a worker's virt-launcher pod: it listens on the pod IP and forwards to the VM, but only
+// the ports the VM's template declares on the masquerade interface (every port the VM serves
+// when the template has no ports list). An undeclared port finds nothing listening, so the
+// client is refused at once, as KubeVirt v1.9.0 refuses it: its rules have no drop rule, and
+// what they do not DNAT reaches the pod's own kernel, which answers RST (ICMP port-unreachable
+// for UDP) (pkg/network/setup/netpod/masquerade/masquerade.go, setupNATByFamily). TCP only:
+// the lab's guest workloads are TCP. Workers on the kernel datapath (kerneldatapath.go) run
+// KubeVirt's own rules instead; docs/lab.md says which tests use which.
 type masqueradeNAT struct {
 	podIP, vmAddress string
 	forwardAll       bool

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -34,8 +35,20 @@ const (
 )
 
 // InPrivateNetwork reports whether this process runs in a network namespace whose only
-// interface is lo, and explains why not otherwise.
+// interface is lo, and explains why not otherwise. Once a namespace has been found private,
+// it stays so for this process: the interfaces the lab adds to it later (the host pod
+// network of kernel workers, kerneldatapath.go) lead only to namespaces the lab created.
 func InPrivateNetwork() (bool, string) {
+	self, err := os.Stat("/proc/thread-self/ns/net")
+	if err != nil {
+		return false, err.Error()
+	}
+	ino := self.Sys().(*syscall.Stat_t).Ino
+	verified.Lock()
+	defer verified.Unlock()
+	if verified.netns != 0 && verified.netns == ino {
+		return true, ""
+	}
 	ifaces, err := net.Interfaces()
 	if err != nil {
 		return false, err.Error()
@@ -45,10 +58,19 @@ func InPrivateNetwork() (bool, string) {
 			return false, fmt.Sprintf("network interface %q exists: not a private lab namespace", i.Name)
 		}
 	}
-	if _, err := net.Listen("tcp", HostAPIServerAddress+":0"); err != nil {
+	l, err := net.Listen("tcp", HostAPIServerAddress+":0")
+	if err != nil {
 		return false, fmt.Sprintf("cannot bind %s (is the lab route missing?): %v", HostAPIServerAddress, err)
 	}
+	_ = l.Close()
+	verified.netns = ino
 	return true, ""
+}
+
+// verified is the network namespace InPrivateNetwork found private (its inode), 0 before.
+var verified struct {
+	sync.Mutex
+	netns uint64
 }
 
 // RequireLab skips the test unless it runs inside the lab's private network namespace with

@@ -122,6 +122,9 @@ type CertManager struct {
 // binds nothing (metrics off, no probes, no leader election) and runs in the lab namespace.
 // Both stop with the lab; their logs are <lab>/thirdparty/cert-manager-*.log.
 func (l *Lab) InstallCertManager(ctx context.Context, w *Worker) (*CertManager, error) {
+	if w.OnKernelDatapath() {
+		return nil, errThirdPartyOnKernelWorker
+	}
 	tp, err := l.Assets.LookupThirdParty()
 	if err != nil {
 		return nil, err
@@ -531,6 +534,9 @@ type MetricsServer struct {
 // Waits until metrics-server reports ready; stops with the lab; log
 // <lab>/thirdparty/metrics-server.log.
 func (l *Lab) InstallMetricsServer(ctx context.Context, w *Worker) (*MetricsServer, error) {
+	if w.OnKernelDatapath() {
+		return nil, errThirdPartyOnKernelWorker
+	}
 	tp, err := l.Assets.LookupThirdParty()
 	if err != nil {
 		return nil, err
@@ -601,7 +607,7 @@ func (l *Lab) InstallMetricsServer(ctx context.Context, w *Worker) (*MetricsServ
 		return nil, err
 	}
 	l.onStop(proc.stop)
-	if w.nat.forwardAll {
+	if w.forwardsEveryPort() {
 		// A worker without a ports list forwards every port the VM serves.
 		if err := w.nat.forward(MetricsServerPort); err != nil {
 			return nil, err
@@ -698,6 +704,12 @@ func (l *Lab) serviceAccountKubeconfig(ctx context.Context, dir, ns, name string
 // createWorkloadPod creates the guest Pod a workload's controller would have created, on the
 // worker's Node, and sets the status its kubelet would report (running, ready, the pod IP
 // being the VM address the workload serves on).
+// errThirdPartyOnKernelWorker: the third-party servers run in the lab namespace on a
+// worker's VM address, which the guest apiserver dials as the workload's guest pod IP; a
+// kernel worker's VM is a namespace of its own whose address (10.0.2.2) no guest pod IP can
+// be, since the lab has no guest pod network there yet (docs/lab.md, what moved).
+var errThirdPartyOnKernelWorker = errors.New("third-party servers run on userspace workers only (their guest pod IP is the VM's lab address)")
+
 func (l *Lab) createWorkloadPod(ctx context.Context, w *Worker, ns, name, serviceAccount string, labels map[string]string, port corev1.ContainerPort) error {
 	c := l.Guest.Client
 	pod := &corev1.Pod{
