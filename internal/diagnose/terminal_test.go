@@ -26,7 +26,8 @@ func TestWriteText_GuestTextCannotDriveTheTerminal(t *testing.T) {
 	}
 	for i, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		if j := strings.IndexFunc(line, unsafeForTerminal); j >= 0 {
-			t.Errorf("line %d holds %U a terminal acts on: %q", i, []rune(line[j:])[0], line)
+			r, _ := utf8.DecodeRuneInString(line[j:])
+			t.Errorf("line %d holds %U a terminal acts on: %q", i, r, line)
 		}
 	}
 	for _, want := range []string{`\u001b]0;owned\u0007`, `\u000d[OK] all good`, `\u202eevil`, `\u009b31m`, `c1\u001b[8m`} {
