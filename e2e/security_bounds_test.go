@@ -28,6 +28,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
@@ -115,6 +116,11 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 			s.Spec.Selector = map[string]string{"app": "anything-of-mine"}
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 			s.Spec.Ports[0].TargetPort = intstr.FromInt32(22)
+			s.Spec.ExternalIPs = []string{"10.98.130.99"}
+			s.Annotations[ingress.LBIPAMIPsAnnotation] = "10.98.130.20,10.97.0.1"
+			s.Annotations["lbipam.cilium.io/sharing-key"] = "victim"
+			s.Labels["example.com/pool"] = "infra"
+			s.Labels[ownership.ClusterNameLabel] = "victim"
 		})).To(Succeed(), "Kubernetes' admin role lets the tenant edit Services of its namespace")
 		g.Eventually(func(g Gomega) {
 			got := &corev1.Service{}
@@ -123,7 +129,38 @@ func TestSecurity_TheSpecIsBoundedByThePolicy(t *testing.T) {
 			g.Expect(got.Spec.ExternalTrafficPolicy).To(Equal(corev1.ServiceExternalTrafficPolicyCluster))
 			g.Expect(got.Spec.Ports[0].TargetPort).To(Equal(svc.Spec.Ports[0].TargetPort))
 			g.Expect(got.Spec.HealthCheckNodePort).To(BeZero())
-		}).WithTimeout(giTimeout).Should(Succeed(), "guestnet puts back what it sets on its host Service")
+			g.Expect(got.Spec.ExternalIPs).To(BeEmpty())
+			g.Expect(got.Annotations).To(HaveKeyWithValue(ingress.LBIPAMIPsAnnotation, "10.98.130.20"), "only the admitted IP is requested")
+			g.Expect(got.Annotations).NotTo(HaveKey("lbipam.cilium.io/sharing-key"))
+			g.Expect(got.Labels).NotTo(HaveKey("example.com/pool"))
+			g.Expect(got.Labels).To(HaveKeyWithValue(ownership.ClusterNameLabel, e.gc.Name))
+		}).WithTimeout(giTimeout).Should(Succeed(), "guestnet puts back what it sets on its host Service and takes off what the policy does not admit")
+	})
+
+	// The admin's own mistake: a policy that would pass LB-IPAM's keys, guestnet's marks or
+	// every address to a tenant is rejected by the API server.
+	t.Run("admin-allows-a-forbidden-key", func(t *testing.T) {
+		for name, mutate := range map[string]func(*guestnetv1.GuestIngressPolicy){
+			"lbipam-annotation": func(p *guestnetv1.GuestIngressPolicy) {
+				p.Spec.HostService.AllowedAnnotationKeys = []string{"lbipam.cilium.io/*"}
+			},
+			"cluster-name-label": func(p *guestnetv1.GuestIngressPolicy) {
+				p.Spec.HostService.AllowedLabelKeys = []string{ownership.ClusterNameLabel}
+			},
+			"everything": func(p *guestnetv1.GuestIngressPolicy) { p.Spec.Addresses = []string{"0.0.0.0/0"} },
+		} {
+			p := &guestnetv1.GuestIngressPolicy{
+				ObjectMeta: metav1.ObjectMeta{Name: "mistake-" + name + "-" + e.ns},
+				Spec: guestnetv1.GuestIngressPolicySpec{
+					NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: e.ns}},
+					Addresses:         []string{"10.98.130.0/24"},
+					L2Announcement:    &guestnetv1.L2AnnouncementPolicy{Interfaces: []string{"^eth0$"}},
+				},
+			}
+			mutate(p)
+			err := e.host.Create(e.ctx, p)
+			NewWithT(t).Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s: the API server rejects it: %v", name, err)
+		}
 	})
 
 	// Another tenant, offered the same shared pool, asks for an IP this tenant holds: it gets
