@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,8 +37,8 @@ var (
 			"condition, unreachable by the reason of its TargetsReachable condition.",
 		[]string{"state", "reason"}, nil)
 	guestsUnreachableDesc = prometheus.NewDesc(GuestsUnreachableName,
-		"Guest clusters whose apiserver guestnet cannot reach: a GuestIngress or GuestWebhookBridge of theirs has "+
-			"ClusterAvailable=False with reason GuestUnreachable.",
+		"Guest clusters whose apiserver guestnet cannot reach or will not use: a GuestIngress or GuestWebhookBridge of theirs has "+
+			"ClusterAvailable=False with reason GuestUnreachable, KubeconfigRefused or GuestTooLarge.",
 		nil, nil)
 )
 
@@ -89,13 +90,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// unservedGuestReasons are the ClusterAvailable reasons of a guest guestnet does not reach:
+// it does not answer, its kubeconfig is refused (decision 6), or it is past the cap of what
+// guestnet caches (decision 9). For each, guestnet changes nothing in the guest and repairs wait.
+var unservedGuestReasons = []string{guestnetv1.GuestUnreachableReason, guestnetv1.KubeconfigRefusedReason, guestnetv1.GuestTooLargeReason}
+
 // Gauges are the gauges of these GuestIngresses and GuestWebhookBridges.
 func Gauges(gis []guestnetv1.GuestIngress, gwbs []guestnetv1.GuestWebhookBridge) []prometheus.Metric {
 	var out []prometheus.Metric
 	unreachable := map[types.NamespacedName]bool{}
 	noteUnreachable := func(namespace, cluster string, conds []metav1.Condition) {
 		if c := find(conds, guestnetv1.ClusterAvailableCondition); c != nil && c.Status == metav1.ConditionFalse &&
-			c.Reason == guestnetv1.GuestUnreachableReason {
+			slices.Contains(unservedGuestReasons, c.Reason) {
 			unreachable[types.NamespacedName{Namespace: namespace, Name: cluster}] = true
 		}
 	}

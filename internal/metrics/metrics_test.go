@@ -127,6 +127,10 @@ func TestCollector(t *testing.T) {
 		gi("admin", "tenant-a", cond(guestnetv1.ReadyCondition, "False", guestnetv1.GuestUnreachableReason), unreachable),
 		gi("other", "tenant-b", cond(guestnetv1.ReadyCondition, "False", guestnetv1.GuestUnreachableReason), unreachable),
 		gi("new", "tenant-c"),
+		gi("refused", "tenant-d", cond(guestnetv1.ReadyCondition, "False", guestnetv1.KubeconfigRefusedReason),
+			cond(guestnetv1.ClusterAvailableCondition, "False", guestnetv1.KubeconfigRefusedReason)),
+		gi("large", "tenant-e", cond(guestnetv1.ReadyCondition, "False", guestnetv1.GuestTooLargeReason),
+			cond(guestnetv1.ClusterAvailableCondition, "False", guestnetv1.GuestTooLargeReason)),
 		bridge,
 	).Build()
 	collector := &Collector{Reader: c}
@@ -137,12 +141,14 @@ func TestCollector(t *testing.T) {
 guestnet_bridge_targets{reason="TLSNameMismatch",state="unreachable"} 1
 guestnet_bridge_targets{reason="TargetNotFound",state="bridged"} 3
 guestnet_bridge_targets{reason="TargetNotFound",state="not_bridged"} 1
-# HELP guestnet_guest_clusters_unreachable Guest clusters whose apiserver guestnet cannot reach: a GuestIngress or GuestWebhookBridge of theirs has ClusterAvailable=False with reason GuestUnreachable.
+# HELP guestnet_guest_clusters_unreachable Guest clusters whose apiserver guestnet cannot reach or will not use: a GuestIngress or GuestWebhookBridge of theirs has ClusterAvailable=False with reason GuestUnreachable, KubeconfigRefused or GuestTooLarge.
 # TYPE guestnet_guest_clusters_unreachable gauge
-guestnet_guest_clusters_unreachable 2
+guestnet_guest_clusters_unreachable 4
 # HELP guestnet_guestingresses GuestIngresses by the status and reason of their Ready condition.
 # TYPE guestnet_guestingresses gauge
+guestnet_guestingresses{reason="GuestTooLarge",status="False"} 1
 guestnet_guestingresses{reason="GuestUnreachable",status="False"} 2
+guestnet_guestingresses{reason="KubeconfigRefused",status="False"} 1
 guestnet_guestingresses{reason="NoCondition",status="Unknown"} 1
 guestnet_guestingresses{reason="Ready",status="True"} 1
 `
@@ -152,12 +158,14 @@ guestnet_guestingresses{reason="Ready",status="True"} 1
 	g.Expect(c.Delete(context.Background(), gi("other", "tenant-b"))).To(Succeed())
 	g.Expect(c.Delete(context.Background(), bridge)).To(Succeed())
 	want = `
-# HELP guestnet_guest_clusters_unreachable Guest clusters whose apiserver guestnet cannot reach: a GuestIngress or GuestWebhookBridge of theirs has ClusterAvailable=False with reason GuestUnreachable.
+# HELP guestnet_guest_clusters_unreachable Guest clusters whose apiserver guestnet cannot reach or will not use: a GuestIngress or GuestWebhookBridge of theirs has ClusterAvailable=False with reason GuestUnreachable, KubeconfigRefused or GuestTooLarge.
 # TYPE guestnet_guest_clusters_unreachable gauge
-guestnet_guest_clusters_unreachable 1
+guestnet_guest_clusters_unreachable 3
 # HELP guestnet_guestingresses GuestIngresses by the status and reason of their Ready condition.
 # TYPE guestnet_guestingresses gauge
+guestnet_guestingresses{reason="GuestTooLarge",status="False"} 1
 guestnet_guestingresses{reason="GuestUnreachable",status="False"} 1
+guestnet_guestingresses{reason="KubeconfigRefused",status="False"} 1
 guestnet_guestingresses{reason="NoCondition",status="Unknown"} 1
 guestnet_guestingresses{reason="Ready",status="True"} 1
 `
