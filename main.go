@@ -35,6 +35,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/feature"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
@@ -220,8 +221,14 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 // setupReconcilers registers the guestnet controllers on mgr, and the experimental ones whose
 // feature gates are enabled.
 func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache, o manager.Options, gates manager.Gates) error {
+	// The host's own addresses, which no GuestIngress gets: one cache for both controllers.
+	hostAddresses, err := hostaddrs.NewWatcher(mgr)
+	if err != nil {
+		return fmt.Errorf("setting up the watch of the host's own addresses: %w", err)
+	}
 	if err := (&guestingress.Reconciler{
 		Client:           mgr.GetClient(),
+		HostAddresses:    hostAddresses,
 		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
@@ -252,6 +259,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 	if o.WatchNamespace == "" {
 		if err := (&guestingresspolicy.Reconciler{
 			Client:           mgr.GetClient(),
+			HostAddresses:    hostAddresses,
 			WatchFilterValue: o.WatchFilterValue,
 			Cilium:           gates.Cilium,
 		}).SetupWithManager(ctx, mgr, manager.Concurrency(1)); err != nil {

@@ -21,6 +21,26 @@ const (
 	NotAllowedReason = "NotAllowed"
 	// QuotaExceededReason: the namespace already has as many GuestIngresses as the policy allows.
 	QuotaExceededReason = "QuotaExceeded"
+	// HostAddressReason: a policy admits what the GuestIngress asks for, but it is, or
+	// contains, an address the host cluster uses for itself (its apiserver, a Node, its pod or
+	// Service network, a range an admin reserved), which guestnet never hands to a tenant; the
+	// message says which kind of host address.
+	HostAddressReason = "HostAddress"
+)
+
+// HostAddressesOutsideCondition says, on a GuestIngressPolicy, whether the host cluster's own
+// addresses all lie outside what the policy admits. When False, the policy admits host
+// addresses that guestnet will never hand out; the message names them (the admin's to read).
+const HostAddressesOutsideCondition = "HostAddressesOutside"
+
+// HostAddressesOutside condition reasons.
+const (
+	// HostAddressesOutsideReason: no address the host uses lies in spec.addresses or in the
+	// blocks of spec.sharedPools.
+	HostAddressesOutsideReason = "HostAddressesOutside"
+	// CoversHostAddressesReason: spec.addresses or a shared pool contains addresses the host
+	// uses; GuestIngresses asking for them are refused (HostAddress).
+	CoversHostAddressesReason = "CoversHostAddresses"
 )
 
 // Ready condition reasons of a GuestIngressPolicy (besides ReadyReason): the policy cannot
@@ -82,6 +102,19 @@ type GuestIngressPolicySpec struct {
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).prefixLength() > 0",message="an address range of prefix length 0 admits every address, the host's own included: list the ranges tenants may announce"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="write an address range with its network address, e.g. 10.2.6.0/24 rather than 10.2.6.5/24"
 	Addresses []string `json:"addresses,omitempty"`
+
+	// reservedAddresses are ranges (CIDRs, network address first; a /32 or /128 for one
+	// address) that no GuestIngress gets, whatever any policy admits: addresses of the host
+	// that guestnet cannot learn from the API (a control-plane VIP behind a DNS name, routers,
+	// gateways, storage). A range listed in any policy is reserved for every GuestIngress,
+	// beside what guestnet learns itself (docs/security.md#the-hosts-own-addresses).
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=49
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each reserved range must be a CIDR such as 10.2.6.1/32"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="write a reserved range with its network address, e.g. 10.2.6.0/24 rather than 10.2.6.5/24"
+	ReservedAddresses []string `json:"reservedAddresses,omitempty"`
 
 	// sharedPools are the CiliumLoadBalancerIPPools, not guestnet's, that
 	// spec.loadBalancer.poolRef may name. Each must select Services by namespace
@@ -200,7 +233,8 @@ type GuestIngressPolicyStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Ready (the policy is usable as written).
+	// conditions: Ready (the policy is usable as written) and HostAddressesOutside (the
+	// host's own addresses lie outside what it admits).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -183,6 +183,11 @@ func (in *GuestIngressPolicySpec) DeepCopyInto(out *GuestIngressPolicySpec) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.ReservedAddresses != nil {
+		in, out := &in.ReservedAddresses, &out.ReservedAddresses
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.SharedPools != nil {
 		in, out := &in.SharedPools, &out.SharedPools
 		*out = make([]string, len(*in))

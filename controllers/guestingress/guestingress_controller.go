@@ -30,6 +30,7 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
@@ -72,6 +73,10 @@ type Reconciler struct {
 	// and the pool and policy watches start once it does (internal/optional). Taken to be
 	// installed when nil.
 	Cilium *optional.Gate
+
+	// HostAddresses keeps the host's own addresses, which admission never hands out;
+	// SetupWithManager makes one when nil.
+	HostAddresses *hostaddrs.Watcher
 
 	// Admit decides what a GuestIngress may claim on the host; policy.Admit when nil (tests
 	// put their own decision in).
@@ -150,6 +155,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		return err
 	}
 
+	if r.HostAddresses == nil {
+		w, err := hostaddrs.NewWatcher(mgr)
+		if err != nil {
+			return err
+		}
+		r.HostAddresses = w
+	}
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	filter := predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)
 	clusterToGuestIngresses := clusterscope.ClusterToObjects(mgr.GetClient(),
@@ -193,6 +205,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.guestServiceRivalsOf)).
 		// Admission: the GuestIngressPolicies, and the labels of the namespaces they select.
 		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses)).
+		// The host's own addresses: a Node that joins, an apiserver that moves, may take what a
+		// GuestIngress holds (rare: every GuestIngress is decided again).
+		WatchesRawSource(r.HostAddresses.Source(handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses))).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// A deleted <cluster>-kubeconfig Secret means the guest is gone for good
@@ -257,6 +272,11 @@ func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func
 // Admission (internal/policy): the GuestIngressPolicies, and the labels of the namespaces they select.
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresspolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
+// The host's own addresses (internal/hostaddrs), never a tenant's: Nodes' addresses and pod
+// CIDRs, the apiserver's endpoints (EndpointSlices of default/kubernetes, read with the rule
+// above), the ServiceCIDRs.
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=servicecidrs,verbs=list;watch
 // Events on condition changes (controller-runtime's recorder writes events.k8s.io/v1 Events).
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

@@ -25,6 +25,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
@@ -159,12 +160,17 @@ type hostWorld struct {
 	services     []corev1.Service
 	hostServices map[types.NamespacedName]*corev1.Service
 	namespaces   map[string]*corev1.Namespace
+	// host are the host's own addresses (internal/hostaddrs).
+	host hostaddrs.Set
 }
 
 func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	w := &hostWorld{poolsByName: map[string]*unstructured.Unstructured{}, hostServices: map[types.NamespacedName]*corev1.Service{},
 		namespaces: map[string]*corev1.Namespace{}}
 	var err error
+	if w.host, err = r.HostAddresses.Reserved(ctx); err != nil {
+		return nil, err
+	}
 	if w.guestIngresses, err = r.conflictCandidates(ctx); err != nil {
 		return nil, err
 	}
@@ -238,7 +244,7 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 			siblings = append(siblings, other)
 		}
 	}
-	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName}
+	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName, Host: w.host}
 	return in, r.Admit(in), nil
 }
 

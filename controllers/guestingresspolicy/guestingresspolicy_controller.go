@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
@@ -52,6 +53,10 @@ type Reconciler struct {
 	// (internal/optional). Taken to be installed when nil.
 	Cilium *optional.Gate
 
+	// HostAddresses keeps the host's own addresses (a policy's status says which of them it
+	// would admit); SetupWithManager makes one when nil.
+	HostAddresses *hostaddrs.Watcher
+
 	recorder events.EventRecorder
 }
 
@@ -61,8 +66,9 @@ type scope struct {
 }
 
 // SetupWithManager registers the controller. A policy's status changes with the policy, with
-// namespaces (labels), with GuestIngresses (created, changed, deleted) and with pools (a
-// shared pool appears or changes its selector), so each of those enqueues every policy:
+// namespaces (labels), with GuestIngresses (created, changed, deleted), with pools (a
+// shared pool appears or changes its selector) and with the host's own addresses, so each of
+// those enqueues every policy:
 // there are few policies, and each reconcile reads only the cache.
 //
 // Register it only in a manager that sees every namespace: a manager limited to one
@@ -70,6 +76,12 @@ type scope struct {
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil {
 		return errors.New("guestingresspolicy: Client must not be nil")
+	}
+	if r.HostAddresses == nil {
+		var err error
+		if r.HostAddresses, err = hostaddrs.NewWatcher(mgr); err != nil {
+			return err
+		}
 	}
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	filter := predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)
@@ -79,6 +91,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		For(&guestnetv1.GuestIngressPolicy{}, builder.WithPredicates(filter)).
 		Watches(&corev1.Namespace{}, allPolicies, builder.WithPredicates(labelsChanged())).
 		Watches(&guestnetv1.GuestIngress{}, allPolicies, builder.WithPredicates(filter)).
+		WatchesRawSource(r.HostAddresses.Source(allPolicies)).
 		WithOptions(options).
 		Build(r)
 	if err != nil {
@@ -166,7 +179,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 
 // patch writes the status back (only what changed) and records condition changes as events.
 func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *scope, conditionsBefore []metav1.Condition, reconciled bool) error {
-	opts := []patch.Option{patch.WithOwnedConditions{Conditions: []string{guestnetv1.ReadyCondition}}}
+	opts := []patch.Option{patch.WithOwnedConditions{Conditions: []string{guestnetv1.ReadyCondition, guestnetv1.HostAddressesOutsideCondition}}}
 	if reconciled {
 		opts = append(opts, patch.WithStatusObservedGeneration{})
 	}

@@ -30,7 +30,11 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, s *scope) error {
 	if err := r.Client.List(ctx, namespaces, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing namespaces: %w", err)
 	}
-	world, err := policy.Observe(ctx, r.Client)
+	host, err := r.HostAddresses.Reserved(ctx)
+	if err != nil {
+		return err
+	}
+	world, err := policy.Observe(ctx, r.Client, host)
 	if err != nil {
 		return err
 	}
@@ -61,7 +65,22 @@ func (r *Reconciler) reconcileStatus(ctx context.Context, s *scope) error {
 	}
 	setStatus(p, len(selected), admitted)
 	setReadyCondition(p, world)
+	setHostAddressesOutsideCondition(p, policy.HostAddressesCovered(p, policy.Input{Policies: world.Policies, Pools: world.Pools, Host: world.Host}))
 	return nil
+}
+
+// setHostAddressesOutsideCondition: HostAddressesOutside says whether the policy's addresses
+// and shared pools leave the host's own addresses out; covered names those they hold.
+func setHostAddressesOutsideCondition(p *guestnetv1.GuestIngressPolicy, covered string) {
+	if covered == "" {
+		conditions.Set(p, metav1.Condition{Type: guestnetv1.HostAddressesOutsideCondition, Status: metav1.ConditionTrue,
+			Reason: guestnetv1.HostAddressesOutsideReason, Message: "No address the host cluster uses for itself lies in spec.addresses or a shared pool"})
+		return
+	}
+	conditions.Set(p, metav1.Condition{Type: guestnetv1.HostAddressesOutsideCondition, Status: metav1.ConditionFalse,
+		Reason: guestnetv1.CoversHostAddressesReason, Message: fmt.Sprintf("spec.addresses or a shared pool holds addresses the host cluster "+
+			"uses for itself: %s. guestnet never hands them to a GuestIngress (those asking for them get Admitted=False, HostAddress). "+
+			"Narrow spec.addresses to leave them out, or leave it as it is", covered)})
 }
 
 // setStatus writes the counts and the first maxListed admitted GuestIngresses, by namespace

@@ -44,6 +44,10 @@ type ControlPlaneOptions struct {
 	// Audit writes the apiserver's audit log (every request's verb, resource, user and user
 	// agent, at Metadata level) to AuditLogPath: what tests count a client's requests from.
 	Audit bool
+	// PublishEndpoints runs the apiserver's endpoint reconciler (lease, as on real clusters):
+	// the EndpointSlice of default/kubernetes names Address, which guestnet reads as a host
+	// address no tenant gets (internal/hostaddrs). Off, nothing writes it (the guest's).
+	PublishEndpoints bool
 	// EgressSelectorConfig, when set, is the kube-apiserver's --egress-selector-config-file
 	// (the guest flavour with konnectivity, see konnectivity.go).
 	EgressSelectorConfig string
@@ -267,7 +271,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		"--bind-address=" + cp.Options.Address,
 		"--advertise-address=" + cp.Options.Address,
 		"--secure-port=" + strconv.Itoa(APIServerPort),
-		"--endpoint-reconciler-type=none",
+		"--endpoint-reconciler-type=" + map[bool]string{true: "lease", false: "none"}[cp.Options.PublishEndpoints],
 		"--service-cluster-ip-range=" + cp.Options.ServiceCIDR,
 		"--tls-cert-file=" + p("apiserver.crt"),
 		"--tls-private-key-file=" + p("apiserver.key"),

@@ -148,7 +148,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	wg.Go(func() {
 		l.Host, hostErr = startCluster(ctx, assets, ControlPlaneOptions{
 			Name: "host", Address: HostAPIServerAddress, ServiceCIDR: HostServiceCIDR,
-			ControllerManager: true, Dir: filepath.Join(opts.Dir, "host"), Audit: opts.Audit,
+			ControllerManager: true, Dir: filepath.Join(opts.Dir, "host"), Audit: opts.Audit, PublishEndpoints: true,
 		})
 	})
 	if !opts.SkipGuest {

@@ -153,6 +153,9 @@ func checkAdmission(s *State, gi *guestnetv1.GuestIngress) Result {
 			"matchLabels kubernetes.io/metadata.name: %s) and admits what the GuestIngress asks for (kubectl get gip)", gi.Namespace, gi.Namespace)
 	case guestnetv1.QuotaExceededReason:
 		r.Fix = "delete another GuestIngress of the namespace, or the host admin raises the policy's maxGuestIngressesPerNamespace"
+	case guestnetv1.HostAddressReason:
+		r.Fix = "change spec.loadBalancer to addresses that leave out the host's own (named above); the host admin can narrow the policy's " +
+			"addresses so that they hold none (kubectl get gip: condition HostAddressesOutside)"
 	default:
 		r.Fix = "change spec.loadBalancer to what a policy that selects the namespace allows, or the host admin extends that policy (kubectl get gip -o yaml)"
 	}

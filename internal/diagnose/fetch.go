@@ -23,6 +23,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -114,7 +115,12 @@ func admission(ctx context.Context, host client.Reader, ingresses []guestnetv1.G
 	if len(ingresses) == 0 {
 		return nil, nil
 	}
-	world, err := policy.Observe(ctx, host)
+	// The host's own addresses, which no policy hands out (the manager keeps them in a cache).
+	reserved, err := hostaddrs.Read(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	world, err := policy.Observe(ctx, host, reserved)
 	if err != nil {
 		return nil, err
 	}

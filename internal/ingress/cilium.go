@@ -284,6 +284,11 @@ func (r AddrRange) Overlaps(p netip.Prefix) bool {
 	return r.From.Compare(lastAddr(p)) <= 0 && first.Compare(r.To) <= 0
 }
 
+// PrefixRange is the range of addresses of p.
+func PrefixRange(p netip.Prefix) AddrRange {
+	return AddrRange{From: p.Masked().Addr(), To: lastAddr(p)}
+}
+
 func lastAddr(p netip.Prefix) netip.Addr {
 	b := p.Masked().Addr().AsSlice()
 	for i := p.Bits(); i < len(b)*8; i++ {
@@ -305,7 +310,7 @@ func PoolRanges(pool *unstructured.Unstructured) []AddrRange {
 		}
 		if c, ok := m["cidr"].(string); ok && c != "" {
 			if p, err := netip.ParsePrefix(c); err == nil {
-				out = append(out, AddrRange{From: p.Masked().Addr(), To: lastAddr(p)})
+				out = append(out, PrefixRange(p))
 			}
 			continue
 		}

@@ -97,6 +97,7 @@ var PolicyRefusalReasons = []string{
 	guestnetv1.NoPolicyReason,
 	guestnetv1.NotAllowedReason,
 	guestnetv1.QuotaExceededReason,
+	guestnetv1.HostAddressReason,
 	guestnetv1.SharedPoolNotFoundReason,
 	guestnetv1.SharedPoolUnsafeReason,
 }

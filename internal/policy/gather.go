@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
 
@@ -21,14 +22,16 @@ import (
 type World struct {
 	Policies       []guestnetv1.GuestIngressPolicy
 	Pools          map[string]*unstructured.Unstructured
+	Host           hostaddrs.Set
 	namespaces     map[string]*corev1.Namespace
 	guestIngresses map[string][]guestnetv1.GuestIngress
 	reader         client.Reader
 }
 
 // Observe reads the policies and pools from reader (the manager's cache, or the API server
-// in `manager diagnose`).
-func Observe(ctx context.Context, reader client.Reader) (*World, error) {
+// in `manager diagnose`); host are the host's own addresses (hostaddrs.Watcher, or
+// hostaddrs.Read).
+func Observe(ctx context.Context, reader client.Reader, host hostaddrs.Set) (*World, error) {
 	policies := &guestnetv1.GuestIngressPolicyList{}
 	if err := reader.List(ctx, policies); err != nil {
 		return nil, fmt.Errorf("listing GuestIngressPolicies: %w", err)
@@ -42,6 +45,7 @@ func Observe(ctx context.Context, reader client.Reader) (*World, error) {
 	w := &World{
 		Policies:       policies.Items,
 		Pools:          make(map[string]*unstructured.Unstructured, len(pools.Items)),
+		Host:           host,
 		namespaces:     map[string]*corev1.Namespace{},
 		guestIngresses: map[string][]guestnetv1.GuestIngress{},
 		reader:         reader,
@@ -76,5 +80,5 @@ func (w *World) Input(ctx context.Context, gi *guestnetv1.GuestIngress) (Input, 
 		siblings = list.Items
 		w.guestIngresses[gi.Namespace] = siblings
 	}
-	return Input{GuestIngress: gi, Namespace: ns, Policies: w.Policies, Siblings: siblings, Pools: w.Pools}, nil
+	return Input{GuestIngress: gi, Namespace: ns, Policies: w.Policies, Siblings: siblings, Pools: w.Pools, Host: w.Host}, nil
 }

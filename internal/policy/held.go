@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
@@ -137,10 +138,12 @@ type bounds struct {
 	// (spec.loadBalancer.poolRef), which a host Service may request an IP from.
 	addresses []netip.Prefix
 	shared    []ingress.AddrRange
+	// reserved are the host's own addresses: never held, whatever the policy's addresses.
+	reserved hostaddrs.Set
 }
 
 func newBounds(in Input, p *guestnetv1.GuestIngressPolicy) bounds {
-	b := bounds{gi: in.GuestIngress, policy: p, addresses: Addresses(p)}
+	b := bounds{gi: in.GuestIngress, policy: p, addresses: Addresses(p), reserved: reserved(in)}
 	if ref := in.GuestIngress.Spec.LoadBalancer.PoolRef; ref != nil && slices.Contains(p.Spec.SharedPools, ref.Name) {
 		if pool := in.Pools[ref.Name]; pool != nil && UnsafeSharedPool(pool) == "" {
 			b.shared = ingress.PoolRanges(pool)
@@ -157,15 +160,18 @@ func (b bounds) addressList() string {
 	return strings.Join(b.policy.Spec.Addresses, ", ")
 }
 
-// rangeWithin reports whether every address of r lies in one of the policy's addresses.
+// rangeWithin reports whether every address of r lies in one of the policy's addresses and
+// none is the host's own.
 func (b bounds) rangeWithin(r ingress.AddrRange) bool {
-	return slices.ContainsFunc(b.addresses, func(a netip.Prefix) bool { return a.Contains(r.From) && a.Contains(r.To) })
+	return slices.ContainsFunc(b.addresses, func(a netip.Prefix) bool { return a.Contains(r.From) && a.Contains(r.To) }) &&
+		len(b.reserved.InRange(r)) == 0
 }
 
 // ipWithin reports whether a host Service may request or have ip: it lies in the policy's
-// addresses or in the admitted shared pool.
+// addresses or in the admitted shared pool, and is not the host's own.
 func (b bounds) ipWithin(ip netip.Addr) bool {
-	return slices.ContainsFunc(b.addresses, func(a netip.Prefix) bool { return a.Contains(ip) }) || ingress.RangesContain(b.shared, ip)
+	return (slices.ContainsFunc(b.addresses, func(a netip.Prefix) bool { return a.Contains(ip) }) || ingress.RangesContain(b.shared, ip)) &&
+		len(b.reserved.Has(ip)) == 0
 }
 
 // pool: every block in the policy's addresses, pinned to the host Service.
@@ -179,8 +185,7 @@ func (b bounds) pool(live *unstructured.Unstructured) Cut[*unstructured.Unstruct
 			kept = append(kept, block)
 			continue
 		}
-		c.Outside = append(c.Outside, fmt.Sprintf("block %s of CiliumLoadBalancerIPPool %s (GuestIngressPolicy %s allows %s)",
-			text, live.GetName(), b.policy.Name, b.addressList()))
+		c.Outside = append(c.Outside, fmt.Sprintf("block %s of CiliumLoadBalancerIPPool %s (%s)", text, live.GetName(), b.why(r)))
 	}
 	pinned := b.pinned(live)
 	if !pinned {
@@ -361,7 +366,7 @@ func (b bounds) hostService(live *corev1.Service) Cut[*corev1.Service] {
 	}
 	for _, in := range live.Status.LoadBalancer.Ingress {
 		if ip, err := netip.ParseAddr(in.IP); err == nil && !b.ipWithin(ip) {
-			outside("load-balancer IP %s (GuestIngressPolicy %s allows %s)", in.IP, p.Name, b.addressList())
+			outside("load-balancer IP %s (%s)", in.IP, b.why(ingress.AddrRange{From: ip, To: ip}))
 			c.Delete = true // Cilium holds it in status until the Service no longer gets it
 		}
 	}
@@ -370,7 +375,7 @@ func (b bounds) hostService(live *corev1.Service) Cut[*corev1.Service] {
 		n.Spec.ExternalIPs = nil
 	}
 	if ip := live.Spec.LoadBalancerIP; ip != "" && !b.ipAllowed(ip) {
-		outside("spec.loadBalancerIP %s (GuestIngressPolicy %s allows %s)", ip, p.Name, b.addressList())
+		outside("spec.loadBalancerIP %s (%s)", ip, b.whyText(ip))
 		n.Spec.LoadBalancerIP = ""
 	}
 
@@ -384,7 +389,7 @@ func (b bounds) hostService(live *corev1.Service) Cut[*corev1.Service] {
 				if s = strings.TrimSpace(s); b.ipAllowed(s) {
 					kept = append(kept, s)
 				} else if s != "" {
-					outside("IP request %s (annotation %s; GuestIngressPolicy %s allows %s)", s, k, p.Name, b.addressList())
+					outside("IP request %s (annotation %s; %s)", s, k, b.whyText(s))
 				}
 			}
 			if value := strings.Join(kept, ","); value != live.Annotations[k] {
@@ -424,6 +429,23 @@ func (b bounds) hostService(live *corev1.Service) Cut[*corev1.Service] {
 		c.Narrowed = n
 	}
 	return c
+}
+
+// why says why the addresses r are not held: the host's own, or outside the policy.
+func (b bounds) why(r ingress.AddrRange) string {
+	if hit := b.reserved.InRange(r); len(hit) > 0 {
+		return "the host cluster uses it for itself: " + hostaddrs.Kinds(hit)
+	}
+	return fmt.Sprintf("GuestIngressPolicy %s allows %s", b.policy.Name, b.addressList())
+}
+
+// whyText is why for an IP as written in a request.
+func (b bounds) whyText(s string) string {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return fmt.Sprintf("GuestIngressPolicy %s allows %s", b.policy.Name, b.addressList())
+	}
+	return b.why(ingress.AddrRange{From: ip, To: ip})
 }
 
 // ipAllowed is ipWithin for an IP as written in a request; one that does not parse is not.

@@ -12,6 +12,7 @@ package policy
 import (
 	"cmp"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 )
 
@@ -40,6 +42,23 @@ type Input struct {
 	// names, and every other pool, because LB-IPAM gives a Service without a fixed IP an IP
 	// from any pool whose serviceSelector selects it.
 	Pools map[string]*unstructured.Unstructured
+	// Host are the host cluster's own addresses (internal/hostaddrs), which no GuestIngress
+	// gets whatever a policy admits; the ranges the policies reserve are added to them.
+	Host hostaddrs.Set
+}
+
+// reserved is what no GuestIngress of in may hold: the host's own addresses and every range
+// a policy reserves (any policy: the host's addresses are not a namespace's business).
+func reserved(in Input) hostaddrs.Set {
+	var admin []netip.Prefix
+	for i := range in.Policies {
+		for _, r := range in.Policies[i].Spec.ReservedAddresses {
+			if p, ok := hostaddrs.Parse(r); ok {
+				admin = append(admin, p)
+			}
+		}
+	}
+	return in.Host.With(hostaddrs.Reserved, admin...)
 }
 
 // Decision is what admission decided for one GuestIngress: whether it is admitted, by which
@@ -93,6 +112,9 @@ func Admit(in Input) Decision {
 		if err != nil {
 			refusals = append(refusals, refusal{policy: p, what: []string{err.Error()}})
 			continue
+		}
+		if d, refused := refuseHostAddresses(gi, p, reserved(in), in.Pools); refused {
+			return d
 		}
 		return Decision{
 			Admitted: true, Policy: p.Name, Reason: guestnetv1.AdmittedReason, Announcement: a,
