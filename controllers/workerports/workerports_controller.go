@@ -2,7 +2,7 @@
 // declared on the VMs' KubeVirt masquerade interface.
 //
 // With masquerade networking a VM whose interface lists ports receives only those ports;
-// everything else is dropped silently (docs/runbook.md, "a port the VMs do not declare"). Ports are fixed when a
+// everything else stays in the virt-launcher pod, which refuses it (docs/runbook.md, "a port the VMs do not declare"). Ports are fixed when a
 // VM is created, CAPK rejects in-place template edits, and CAPI rolls workers only when a
 // MachineDeployment points at a template with a new name. So, per Cluster, this controller
 // computes the required port set (internal/ports.ForCluster) and, for every worker

@@ -9,7 +9,7 @@ package workerports_test
 // others (newEnv) start from a settled MachineDeployment played with
 // lab.SetMachineDeploymentStatus: they test a decision taken in that state (no ports list, a
 // topology-owned MachineDeployment, a missing template), not a rollout, and a real one
-// would only add minutes. That a nodePort the template lacks is dropped until the workers
+// would only add minutes. That a nodePort the template lacks never reaches the VMs until the workers
 // roll is shown end to end by e2e's
 // TestGuestIngress_UndeclaredNodePortBreaksTheRequestUntilTheWorkersRoll.
 //

@@ -106,7 +106,7 @@ func guestIngressTour(ctx context.Context, l *lab.Lab, s *scenario, host, guest 
 	section("A request to the load-balancer IP: LB IP -> host Service -> virt-launcher pod -> masquerade NAT -> VM nodePort -> Envoy")
 	curl(ctx, 80, 4)
 
-	section("Port 443: nodePort 30443 is not declared on the workers' masquerade interface, so KubeVirt drops it")
+	section("Port 443: nodePort 30443 is not declared on the workers' masquerade interface, so it never reaches the VMs")
 	curl(ctx, 443, 1)
 	md := &clusterv1.MachineDeployment{}
 	if err := waitFor(ctx, func() bool {

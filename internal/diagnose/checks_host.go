@@ -255,7 +255,8 @@ func checkServices(s *State) []Result {
 }
 
 // addUndeclaredTargetPorts fails r when svc forwards to a port a worker template's
-// masquerade ports list lacks: KubeVirt drops it silently.
+// masquerade ports list lacks: KubeVirt does not forward it into the VM, and the virt-launcher
+// pod, which holds the address, refuses it (docs/node-identity-research.md).
 func addUndeclaredTargetPorts(r *Result, svc *corev1.Service, workers []ports.Workers) {
 	var reqs []ports.Requirement
 	for _, sp := range svc.Spec.Ports {
@@ -283,7 +284,7 @@ func addUndeclaredTargetPorts(r *Result, svc *corev1.Service, workers []ports.Wo
 	if len(lacking) == 0 {
 		return
 	}
-	detail := fmt.Sprintf("it forwards to %s, which the workers do not declare (%s): KubeVirt's masquerade drops it silently",
+	detail := fmt.Sprintf("it forwards to %s, which the workers do not declare (%s): KubeVirt's masquerade does not forward it into the VMs, and their virt-launcher pods refuse it",
 		missing, strings.Join(lacking, "; "))
 	if r.Verdict == Fail {
 		r.Detail += "; also " + detail
@@ -347,7 +348,7 @@ func checkPorts(s *State) []Result {
 			r.Fix, r.Runbook = fixGuestUnreachable, rbGuestUnreachable
 		case len(w.Analysis.Missing) > 0:
 			r.Verdict, r.Runbook = Fail, rbUndeclaredPort
-			r.Detail = fmt.Sprintf("KubevirtMachineTemplate %s lacks %s: KubeVirt's masquerade drops these ports silently", w.Template.GetName(), describeRequirements(w.Analysis.Missing))
+			r.Detail = fmt.Sprintf("KubevirtMachineTemplate %s lacks %s: KubeVirt's masquerade does not forward these ports into the VMs (their virt-launcher pods refuse them)", w.Template.GetName(), describeRequirements(w.Analysis.Missing))
 			r.Fix = missingPortsFix(s, w)
 			switch w.Plan.Action {
 			case ports.Reverted:

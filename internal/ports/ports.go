@@ -2,7 +2,7 @@
 // KubeVirt masquerade interface, and how a worker template declares them.
 //
 // With masquerade networking, a VM whose interface lists ports receives only those ports:
-// every other packet is dropped silently (docs/runbook.md, "a port the VMs do not declare"). The port set of a
+// every other packet stays in the virt-launcher pod, which refuses it (docs/runbook.md, "a port the VMs do not declare"). The port set of a
 // cluster is computed here, in one place, for every consumer: GuestIngress nodePorts,
 // GuestWebhookBridge nodePort ranges, the guest Cilium tunnel, SSH, the kubelet and the
 // ports users add themselves.

@@ -42,7 +42,7 @@ const (
 	// PortsDeclared means the masquerade interface lists every required port.
 	PortsDeclared TemplateState = "PortsDeclared"
 	// PortsMissing means the masquerade interface has a ports list that lacks required ports,
-	// which the VM then drops silently.
+	// which never reach the VM (its virt-launcher pod refuses them).
 	PortsMissing TemplateState = "PortsMissing"
 	// AllPortsForwarded means the masquerade interface has no ports list: every port reaches the VM.
 	AllPortsForwarded TemplateState = "AllPortsForwarded"
