@@ -3,9 +3,12 @@ package policy
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
@@ -152,4 +155,20 @@ func TestHostAddressesCovered(t *testing.T) {
 	g.Expect(HostAddressesCovered(&p, in)).To(Equal("10.98.0.1 (APIServer), 10.98.3.7 (NodeAddress), 10.98.64.0/24 (PodCIDR), 10.98.128.0/20 (ServiceCIDR)"))
 	p.Spec.Addresses = []string{"10.98.4.0/24"}
 	g.Expect(HostAddressesCovered(&p, in)).To(BeEmpty())
+}
+
+// A GuestIngress refused for a host address takes no room under the namespace's cap.
+func TestQuotaIgnoresGuestIngressesRefusedForHostAddresses(t *testing.T) {
+	g := NewWithT(t)
+	older := *gi(func(g *guestnetv1.GuestIngress) {
+		g.Name, g.Spec.LoadBalancer.IP = "older", "10.98.3.7"
+		g.CreationTimestamp = metav1.NewTime(created.Add(-time.Hour))
+	})
+	p := pol("tenants", func(p *guestnetv1.GuestIngressPolicy) { p.Spec.MaxGuestIngressesPerNamespace = ptr.To[int32](1) })
+	in := Input{GuestIngress: gi(), Namespace: namespace("tenant-a", map[string]string{"tenant": "a"}),
+		Policies: []guestnetv1.GuestIngressPolicy{p}, Siblings: []guestnetv1.GuestIngress{older}, Host: hostSet()}
+	d := Admit(in)
+	g.Expect(d.Admitted).To(BeTrue(), d.Message)
+	in.Host = hostaddrs.Set{}
+	g.Expect(Admit(in).Reason).To(Equal(guestnetv1.QuotaExceededReason), "without host addresses the older one takes the room")
 }

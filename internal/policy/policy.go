@@ -91,6 +91,7 @@ func Admit(in Input) Decision {
 	var refusals []refusal
 	var overQuota []refusal
 	var wouldAllow *guestnetv1.GuestIngressPolicy
+	host := reserved(in)
 	for i := range policies {
 		p := &policies[i]
 		v := violations(p, gi, in.Pools)
@@ -104,7 +105,7 @@ func Admit(in Input) Decision {
 			refusals = append(refusals, refusal{policy: p, what: v})
 			continue
 		}
-		if older, ok := withinQuota(p, gi, in.Siblings, in.Pools); !ok {
+		if older, ok := withinQuota(p, gi, in.Siblings, in.Pools, host); !ok {
 			overQuota = append(overQuota, refusal{policy: p, older: older})
 			continue
 		}
@@ -113,7 +114,7 @@ func Admit(in Input) Decision {
 			refusals = append(refusals, refusal{policy: p, what: []string{err.Error()}})
 			continue
 		}
-		if d, refused := refuseHostAddresses(gi, p, reserved(in), in.Pools); refused {
+		if d, refused := refuseHostAddresses(gi, p, host, in.Pools); refused {
 			return d
 		}
 		return Decision{
@@ -225,10 +226,11 @@ func SelectorString(ls *metav1.LabelSelector) string {
 }
 
 // withinQuota reports whether p's per-namespace cap leaves room for gi: fewer than the cap
-// of the namespace's older GuestIngresses (creationTimestamp, then name) are ones p allows.
+// of the namespace's older GuestIngresses (creationTimestamp, then name) are ones p allows
+// (one refused for a host address takes no room).
 // older names those it counted when there is no room.
 func withinQuota(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, siblings []guestnetv1.GuestIngress,
-	pools map[string]*unstructured.Unstructured) ([]string, bool) {
+	pools map[string]*unstructured.Unstructured, host hostaddrs.Set) ([]string, bool) {
 	limit := p.Spec.MaxGuestIngressesPerNamespace
 	if limit == nil {
 		return nil, true
@@ -239,7 +241,7 @@ func withinQuota(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, 
 		if s.Namespace != gi.Namespace || s.Name == gi.Name || !olderThan(s, gi) {
 			continue
 		}
-		if len(violations(p, s, pools)) == 0 {
+		if _, onHost := refuseHostAddresses(s, p, host, pools); len(violations(p, s, pools)) == 0 && !onHost {
 			older = append(older, s.Name)
 		}
 	}
