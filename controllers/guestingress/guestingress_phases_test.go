@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
@@ -64,7 +65,9 @@ func newFakeReconciler(t *testing.T, objs ...client.Object) *Reconciler {
 		APIReader:    c,
 		ClusterCache: clustercache.NewFakeEmptyClusterCache(),
 		Admit:        policy.Admit,
-		recorder:     events.NewFakeRecorder(100),
+		// The host's own addresses: a host with none (HostAddresses is made by SetupWithManager).
+		HostAddresses: hostaddrs.Fixed(hostaddrs.Set{}),
+		recorder:      events.NewFakeRecorder(100),
 	}
 }
 

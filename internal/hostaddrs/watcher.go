@@ -70,6 +70,14 @@ func NewWatcher(mgr ctrl.Manager) (*Watcher, error) {
 	return w, mgr.Add(w)
 }
 
+// Fixed is a Watcher that knows set from the start and never changes (pure unit tests of
+// the controllers, which run no cache).
+func Fixed(set Set) *Watcher {
+	w := &Watcher{current: set, known: make(chan struct{})}
+	close(w.known)
+	return w
+}
+
 // keepAddresses is a cache transform that keeps of a Node what Read reads: its name,
 // addresses and pod CIDRs (a host's Nodes carry image lists and conditions guestnet never
 // reads).
