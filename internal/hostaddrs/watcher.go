@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -143,7 +144,7 @@ func (w *Watcher) Start(ctx context.Context) error {
 }
 
 // recompute reads the Set from the cache and tells the subscribers when it changed.
-func (w *Watcher) recompute(ctx context.Context, log interface{ Info(string, ...any) }) {
+func (w *Watcher) recompute(ctx context.Context, log logr.Logger) {
 	set, err := Read(ctx, w.cache)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -156,7 +157,8 @@ func (w *Watcher) recompute(ctx context.Context, log interface{ Info(string, ...
 	if set.Equal(before) {
 		return
 	}
-	log.Info("Host addresses changed", "count", set.Len(), "entries", fmt.Sprint(set.Entries()))
+	entries := set.Entries()
+	log.Info("Host addresses changed: no GuestIngress gets them", "count", len(entries), "first", fmt.Sprint(entries[:min(len(entries), 20)]))
 	for _, ch := range w.subscribers {
 		select {
 		case ch <- event.GenericEvent{Object: &corev1.Node{}}:
