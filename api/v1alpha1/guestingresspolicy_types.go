@@ -28,21 +28,6 @@ const (
 	HostAddressReason = "HostAddress"
 )
 
-// HostAddressesOutsideCondition says, on a GuestIngressPolicy, whether the host cluster's own
-// addresses all lie outside what the policy admits. When False, the policy admits host
-// addresses that guestnet will never hand out; the message names them (the admin's to read).
-const HostAddressesOutsideCondition = "HostAddressesOutside"
-
-// HostAddressesOutside condition reasons.
-const (
-	// HostAddressesOutsideReason: no address the host uses lies in spec.addresses or in the
-	// blocks of spec.sharedPools.
-	HostAddressesOutsideReason = "HostAddressesOutside"
-	// CoversHostAddressesReason: spec.addresses or a shared pool contains addresses the host
-	// uses; GuestIngresses asking for them are refused (HostAddress).
-	CoversHostAddressesReason = "CoversHostAddresses"
-)
-
 // Ready condition reasons of a GuestIngressPolicy (besides ReadyReason): the policy cannot
 // be used as written. A GuestIngress that needs the broken part is not admitted.
 const (
@@ -58,6 +43,21 @@ const (
 	// InvalidInterfaceReason: an entry of spec.l2Announcement.interfaces is not a regular
 	// expression Cilium can use.
 	InvalidInterfaceReason = "InvalidInterface"
+)
+
+// HostAddressesOutsideCondition says, on a GuestIngressPolicy, whether the host cluster's own
+// addresses all lie outside what the policy admits. When False, the policy admits host
+// addresses that guestnet will never hand out; the message names them (the admin's to read).
+const HostAddressesOutsideCondition = "HostAddressesOutside"
+
+// HostAddressesOutside condition reasons.
+const (
+	// HostAddressesOutsideReason: no address the host uses lies in spec.addresses or in the
+	// blocks of spec.sharedPools.
+	HostAddressesOutsideReason = "HostAddressesOutside"
+	// CoversHostAddressesReason: spec.addresses or a shared pool contains addresses the host
+	// uses; GuestIngresses asking for them are refused (HostAddress).
+	CoversHostAddressesReason = "CoversHostAddresses"
 )
 
 // Keys that never reach a host Service from spec.loadBalancer.annotations or .labels, whatever
