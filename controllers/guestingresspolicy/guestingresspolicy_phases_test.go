@@ -50,3 +50,17 @@ func TestSetReadyCondition(t *testing.T) {
 	setReadyCondition(p, world)
 	g.Expect(conditions.IsTrue(p, guestnetv1.ReadyCondition)).To(BeTrue())
 }
+
+func TestSetHostAddressesOutsideCondition(t *testing.T) {
+	g := NewWithT(t)
+	p := &guestnetv1.GuestIngressPolicy{}
+	setHostAddressesOutsideCondition(p, "")
+	g.Expect(conditions.IsTrue(p, guestnetv1.HostAddressesOutsideCondition)).To(BeTrue())
+	g.Expect(conditions.GetReason(p, guestnetv1.HostAddressesOutsideCondition)).To(Equal(guestnetv1.HostAddressesOutsideReason))
+
+	setHostAddressesOutsideCondition(p, "10.244.0.1 (APIServer)")
+	c := conditions.Get(p, guestnetv1.HostAddressesOutsideCondition)
+	g.Expect(c.Status).To(BeEquivalentTo("False"))
+	g.Expect(c.Reason).To(Equal(guestnetv1.CoversHostAddressesReason))
+	g.Expect(c.Message).To(And(ContainSubstring("10.244.0.1 (APIServer)"), ContainSubstring("Narrow spec.addresses")))
+}
