@@ -1,9 +1,10 @@
 // Package hostaddrs knows the addresses the host cluster uses for itself, which no
 // GuestIngress ever gets, whatever a GuestIngressPolicy admits
 // (docs/decisions/0012-host-addresses-are-never-a-tenants.md): the host apiserver's endpoints,
-// every host Node's addresses and pod CIDRs, and the Service CIDRs. Read computes them from any reader (the Watcher's cache in the manager,
-// the API server in `manager diagnose`); admission (internal/policy) adds the ranges admins
-// reserve in policies, and refuses and withdraws what overlaps them.
+// every host Node's addresses and pod CIDRs, and the Service CIDRs. Read computes them from
+// any reader (the Watcher's cache in the manager, the API server in `manager diagnose`);
+// admission (internal/policy) adds the ranges admins reserve in policies, and refuses and
+// withdraws what overlaps them.
 package hostaddrs
 
 import (
@@ -134,7 +135,7 @@ func (s Set) InPrefix(p netip.Prefix) []Entry {
 	if !p.IsValid() {
 		return nil
 	}
-	return s.InRange(RangeOf(p))
+	return s.InRange(ingress.PrefixRange(p))
 }
 
 // Has lists the entries that hold ip.
@@ -144,9 +145,6 @@ func (s Set) Has(ip netip.Addr) []Entry {
 	}
 	return s.InRange(ingress.AddrRange{From: ip, To: ip})
 }
-
-// RangeOf is the range of addresses of p.
-func RangeOf(p netip.Prefix) ingress.AddrRange { return ingress.PrefixRange(p) }
 
 // Kinds names the kinds of entries, each once, in kindOrder ("a host Node's address, in the
 // host's pod network").
@@ -168,13 +166,13 @@ const (
 )
 
 // Read computes the host's own addresses from reader: the endpoints of default/kubernetes,
-// every Node's InternalIP, ExternalIP and
-// pod CIDRs, and the ServiceCIDRs. A kind the host does not serve (ServiceCIDRs before
-// Kubernetes 1.33) adds nothing; any other error is returned, and then nothing is known (admission fails closed).
+// every Node's InternalIP, ExternalIP and pod CIDRs, and the ServiceCIDRs. A kind the host
+// does not serve (ServiceCIDRs before Kubernetes 1.33) adds nothing; any other error is
+// returned, and then nothing is known (admission fails closed).
 func Read(ctx context.Context, reader client.Reader) (Set, error) {
 	var entries []Entry
 	add := func(k Kind, s string) {
-		if p, ok := parse(s); ok {
+		if p, ok := Parse(s); ok {
 			entries = append(entries, Entry{Kind: k, Prefix: p})
 		}
 	}
@@ -219,9 +217,10 @@ func Read(ctx context.Context, reader client.Reader) (Set, error) {
 	return New(entries...), nil
 }
 
-// parse reads an address ("10.0.0.1", "fd00::1") as a single-address prefix, or a CIDR.
-// IPv4-mapped IPv6 addresses are read as the IPv4 address.
-func parse(s string) (netip.Prefix, bool) {
+// Parse reads an address ("10.0.0.1", "fd00::1") as a single-address prefix, or a CIDR (a
+// policy's reserved range); ok is false when it does not parse. IPv4-mapped IPv6 addresses
+// are read as the IPv4 address.
+func Parse(s string) (netip.Prefix, bool) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return netip.Prefix{}, false
@@ -243,7 +242,3 @@ func parse(s string) (netip.Prefix, bool) {
 	a = a.Unmap().WithZone("")
 	return netip.PrefixFrom(a, a.BitLen()), true
 }
-
-// Parse reads a reserved range as a policy writes it (a CIDR); ok is false when it does not
-// parse.
-func Parse(s string) (netip.Prefix, bool) { return parse(s) }

@@ -3,8 +3,6 @@ package policy
 import (
 	"fmt"
 	"net/netip"
-	"slices"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -64,9 +62,10 @@ func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngress
 	}, true
 }
 
-// entriesList names entries for the admin (the log, the policy's status), at most 8.
+// entriesList names entries for the admin (the log, the policy's status), each once, by
+// address, at most 8.
 func entriesList(entries []hostaddrs.Entry) string {
-	entries = slices.CompactFunc(entries, func(a, b hostaddrs.Entry) bool { return a == b })
+	entries = hostaddrs.New(entries...).Entries()
 	names := make([]string, len(entries))
 	for i, e := range entries {
 		names[i] = e.String()
@@ -93,6 +92,5 @@ func HostAddressesCovered(p *guestnetv1.GuestIngressPolicy, in Input) string {
 	if len(hit) == 0 {
 		return ""
 	}
-	hit = hostaddrs.New(hit...).Entries()
-	return strings.TrimSpace(entriesList(hit))
+	return entriesList(hit)
 }
