@@ -29,6 +29,7 @@ import (
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestingresspolicy"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestnodeidentity"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/guestwebhookbridge"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/controllers/workerports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
@@ -38,6 +39,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/metrics"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeagent"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
 
@@ -103,11 +105,15 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 		"Number of GuestIngresses to reconcile simultaneously.")
 	fs.IntVar(&o.wiring.GuestWebhookBridgeConcurrency, "guestwebhookbridge-concurrency", 10,
 		"Number of GuestWebhookBridges to reconcile simultaneously.")
+	fs.IntVar(&o.wiring.GuestNodeIdentityConcurrency, "guestnodeidentity-concurrency", 10,
+		"Number of GuestNodeIdentities to reconcile simultaneously.")
 	fs.IntVar(&o.wiring.WorkerPortsConcurrency, "workerports-concurrency", 10,
 		"Number of Clusters whose worker port declarations are reconciled simultaneously.")
 	fs.IntVar(&o.wiring.TopologyVariablesConcurrency, "topology-variables-concurrency", 10,
 		"Number of Clusters whose guestnet topology variable is reconciled simultaneously (feature gate ClusterTopologyVariables).")
 
+	fs.StringVar(&o.wiring.NodeAgentImage, "node-agent-image", "",
+		"Image of guestnet's node agent in the guest clusters (GuestNodeIdentity). If unset, the manager's own image, read from its pod (POD_NAME, POD_NAMESPACE).")
 	fs.IntVar(&guestbounds.Default.MaxObjects, "guest-max-objects", guestbounds.DefaultMaxObjects,
 		"The most Services, and the most of each webhook configuration kind and APIServices, guestnet caches of one guest cluster. "+
 			"A guest that holds more is not cached, and its GuestIngresses and GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge. Negative: no cap.")
@@ -128,6 +134,15 @@ func main() {
 		ctrl.SetLogger(klog.Background())
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := diagnose.Run(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+
+	// `manager node-agent ...` is guestnet's agent inside a guest VM (internal/nodeagent),
+	// run by the DaemonSet a GuestNodeIdentity applies into the guest.
+	if len(os.Args) > 1 && os.Args[1] == "node-agent" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := nodeagent.Command(ctx, os.Args[2:], os.Stderr)
 		stop()
 		os.Exit(code)
 	}
@@ -244,6 +259,19 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		WatchFilterValue: o.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestWebhookBridge controller: %w", err)
+	}
+	agentImage, err := manager.NodeAgentImage(ctx, mgr.GetAPIReader(), o.NodeAgentImage)
+	if err != nil {
+		return err
+	}
+	if err := (&guestnodeidentity.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		ClusterCache:     clusterCache,
+		WatchFilterValue: o.WatchFilterValue,
+		AgentImage:       agentImage,
+	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestNodeIdentityConcurrency)); err != nil {
+		return fmt.Errorf("setting up GuestNodeIdentity controller: %w", err)
 	}
 	if err := (&workerports.Reconciler{
 		Client:           mgr.GetClient(),

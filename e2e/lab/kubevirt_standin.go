@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -89,7 +92,34 @@ type KubeVirtOptions struct {
 	// OnBoot, when set, runs once a VM has booted (its Worker serves the declared ports, its
 	// guest Node is registered): what the test runs inside the VM (ServeInVM).
 	OnBoot func(context.Context, *Worker) error
+	// GuestKubelet is how the VMs' kubelets register their guest Nodes (the zero value:
+	// KubeletNodeIPIsPodIP).
+	GuestKubelet KubeletMode
 }
+
+// KubeletMode is how a played guest kubelet sets its Node's addresses, as the real kubelet's
+// NodeAddress setter does (k8s.io/kubernetes v1.37.2 pkg/kubelet/nodestatus/setters.go;
+// docs/node-identity-research.md).
+type KubeletMode int
+
+const (
+	// KubeletNodeIPIsPodIP registers the pod IP as InternalIP: a kubelet started with
+	// --node-ip=<pod IP>, as the field report's SSH daemon left it (the lab's default, for the
+	// tests that are not about node identity).
+	KubeletNodeIPIsPodIP KubeletMode = iota
+	// KubeletMasquerade is a kubelet without --node-ip behind KubeVirt's masquerade: it
+	// registers the VM's own address (10.0.2.2) and writes it again on every status update
+	// (every kubeletStatusEvery in the lab, 10 s in production), reverting any other writer.
+	KubeletMasquerade
+	// KubeletExternal is a kubelet with --cloud-provider=external (k0s:
+	// --enable-cloud-provider) and no --node-ip: it registers a Hostname address only and the
+	// taint node.cloudprovider.kubernetes.io/uninitialized, and never writes the addresses
+	// again once they are set (a cloud-node controller's job).
+	KubeletExternal
+)
+
+// kubeletStatusEvery is how often a KubeletMasquerade kubelet writes its addresses again.
+const kubeletStatusEvery = 2 * time.Second
 
 // KubeVirt stands in for KubeVirt (virt-controller, virt-handler, the hypervisor) and for
 // the kubelets of the host and of the guest VMs, for the VirtualMachines of one namespace,
@@ -304,10 +334,17 @@ func (r *kubevirtReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := r.setVMReady(ctx, vm); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := registerGuestNode(ctx, r.guest, vmiHostname(vmi), w.IP); err != nil {
+	if err := registerGuestNode(ctx, r.guest, vmiHostname(vmi), w, r.k.opts.GuestKubelet); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, r.boot(ctx, w)
+	if err := r.boot(ctx, w); err != nil {
+		return ctrl.Result{}, err
+	}
+	if r.k.opts.GuestKubelet == KubeletMasquerade {
+		// The kubelet's next status update.
+		return ctrl.Result{RequeueAfter: kubeletStatusEvery}, nil
+	}
+	return ctrl.Result{}, nil
 }
 
 // podGone reports whether a running VM's virt-launcher Pod is deleted or being deleted.
@@ -572,17 +609,35 @@ func (r *kubevirtReconciler) shutDown(ctx context.Context, vm *kubevirtv1.Virtua
 }
 
 // registerGuestNode plays the kubelet of a booted VM joining the guest: a Ready Node with
-// the conditions a kubelet reports (CAPI's NodeHealthy reads the pressure ones too), its
-// InternalIP the worker's pod IP, and no providerID.
-func registerGuestNode(ctx context.Context, guest client.Client, name, ip string) error {
+// the conditions a kubelet reports (CAPI's NodeHealthy reads the pressure ones too), the
+// labels every kubelet sets, its addresses as mode says, and no providerID (CAPI copies
+// CAPK's). A Node that exists already keeps its addresses, except in mode KubeletMasquerade,
+// whose kubelet writes 10.0.2.2 again on each status update.
+func registerGuestNode(ctx context.Context, guest client.Client, name string, w *Worker, mode KubeletMode) error {
+	addresses := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: w.IP}, {Type: corev1.NodeHostName, Address: name}}
+	switch mode {
+	case KubeletMasquerade:
+		addresses[0].Address = w.VMAddress
+	case KubeletExternal:
+		addresses = addresses[1:]
+	}
 	node := &corev1.Node{}
 	if err := guest.Get(ctx, client.ObjectKey{Name: name}, node); err == nil {
-		return nil
+		if mode != KubeletMasquerade || equality.Semantic.DeepEqual(node.Status.Addresses, addresses) {
+			return nil
+		}
+		node.Status.Addresses = addresses
+		return guest.Status().Update(ctx, node, client.FieldOwner(kubeletFieldManager))
 	} else if !apierrors.IsNotFound(err) {
 		return err
 	}
-	node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}}}
-	if err := guest.Create(ctx, node); err != nil {
+	node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		corev1.LabelHostname: name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH,
+	}}}
+	if mode == KubeletExternal {
+		node.Spec.Taints = []corev1.Taint{{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+	}
+	if err := guest.Create(ctx, node, client.FieldOwner(kubeletFieldManager)); err != nil {
 		return fmt.Errorf("registering guest Node %s: %w", name, err)
 	}
 	now := metav1.Now()
@@ -596,9 +651,12 @@ func registerGuestNode(ctx context.Context, guest client.Client, name, ip string
 			LastHeartbeatTime: now, LastTransitionTime: now,
 		})
 	}
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
-	if err := guest.Status().Update(ctx, node); err != nil {
+	node.Status.Addresses = addresses
+	if err := guest.Status().Update(ctx, node, client.FieldOwner(kubeletFieldManager)); err != nil {
 		return fmt.Errorf("setting status of guest Node %s: %w", name, err)
 	}
 	return nil
 }
+
+// kubeletFieldManager is the field manager of a kubelet's writes of its Node.
+const kubeletFieldManager = "kubelet"

@@ -105,6 +105,8 @@ func (l *Lab) RunManagerBinary(ctx context.Context, name string, f ManagerFlags)
 		"--diagnostics-address=" + diagnostics, "--insecure-diagnostics",
 		"--sync-period=" + f.SyncPeriod.String(),
 		"--v=4",
+		// Not in a pod: the node agent's image is named (the lab runs the agent binary itself).
+		"--node-agent-image=" + NodeAgentImage,
 	}
 	if f.Namespace != "" {
 		args = append(args, "--namespace="+f.Namespace)

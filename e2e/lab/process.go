@@ -25,12 +25,16 @@ type process struct {
 // startProcess starts bin with args, writing its output to <dir>/<name>.log. The process is
 // killed when this (test) process dies, so no lab component outlives its test.
 func startProcess(dir, name, bin string, args ...string) (*process, error) {
+	return startCommand(dir, name, exec.Command(bin, args...))
+}
+
+// startCommand starts cmd as startProcess starts a binary, logging to <dir>/<name>.log.
+func startCommand(dir, name string, cmd *exec.Cmd) (*process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -11,21 +11,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-
-	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
 
 // ClusterNameField indexes guestnet objects by spec.clusterName, so that a Cluster event
 // finds the objects that name the Cluster without listing the whole namespace.
 const ClusterNameField = "spec.clusterName"
 
-// ClusterNameOf returns spec.clusterName of a guestnet object, "" for any other object.
+// ClusterNameOf returns spec.clusterName of a guestnet object (every kind that belongs to a
+// Cluster has GetClusterName), "" for any other object.
 func ClusterNameOf(obj client.Object) string {
-	switch o := obj.(type) {
-	case *guestnetv1.GuestIngress:
-		return o.Spec.ClusterName
-	case *guestnetv1.GuestWebhookBridge:
-		return o.Spec.ClusterName
+	if o, ok := obj.(interface{ GetClusterName() string }); ok {
+		return o.GetClusterName()
 	}
 	return ""
 }

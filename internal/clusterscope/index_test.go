@@ -25,6 +25,9 @@ func TestIndexByClusterName(t *testing.T) {
 	g.Expect(IndexByClusterName(&guestnetv1.GuestWebhookBridge{
 		Spec: guestnetv1.GuestWebhookBridgeSpec{ClusterName: "other"},
 	})).To(Equal([]string{"other"}))
+	g.Expect(IndexByClusterName(&guestnetv1.GuestNodeIdentity{
+		Spec: guestnetv1.GuestNodeIdentitySpec{ClusterName: "third"},
+	})).To(Equal([]string{"third"}), "every kind that names a Cluster")
 	g.Expect(IndexByClusterName(&guestnetv1.GuestIngress{})).To(BeEmpty())
 	g.Expect(IndexByClusterName(&corev1.Service{})).To(BeEmpty())
 }

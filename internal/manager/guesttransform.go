@@ -4,9 +4,11 @@ import (
 	"strconv"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeidentity"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 )
 
@@ -33,13 +35,23 @@ const DroppedAnnotationsKey = guestnetPrefix + "cache-dropped-annotations"
 //   - labels of Services: guestnet's own and app.kubernetes.io/managed-by only. guestnet never
 //     selects guest Services by any other label (a bridge names them, a GuestIngress names
 //     one). Webhook configurations and APIServices keep their labels: a bridge's spec selects
-//     them by label.
+//     them by label;
+//   - Nodes (node identity): only their name, providerID, taints, addresses and who wrote the
+//     addresses (nodeidentity.TrimNode); DaemonSets: no spec.
 //
 // Specs and statuses are kept as they are: guestnet reads them (ports, selectors, client
 // configs and their caBundles, APIService conditions). No cached guest object is ever written
 // back whole (guestnet writes guest objects with server-side apply of configurations it
 // builds and JSON patches of its own fields), so what the cache drops is never lost.
 func KeepWhatGuestnetReads(in any) (any, error) {
+	switch o := in.(type) {
+	case *corev1.Node:
+		return nodeidentity.TrimNode(o), nil
+	case *appsv1.DaemonSet:
+		// guestnet reads its agent's DaemonSet for its status and its guestnet annotations
+		// (which template it applied); never the pod template of anyone's DaemonSet.
+		o.Spec = appsv1.DaemonSetSpec{}
+	}
 	if _, err := KeepOwnManagedFields(in); err != nil {
 		return in, err
 	}

@@ -7,7 +7,9 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -31,6 +33,7 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 // Name is the user agent of every client and the prefix of the leader election lease.
@@ -51,7 +54,11 @@ type Options struct {
 
 	GuestIngressConcurrency       int
 	GuestWebhookBridgeConcurrency int
+	GuestNodeIdentityConcurrency  int
 	WorkerPortsConcurrency        int
+	// NodeAgentImage is the image of guestnet's node agent in the guests; the manager's own
+	// when empty (NodeAgentImage).
+	NodeAgentImage string
 	// TopologyVariablesConcurrency is the concurrency of the experimental topology
 	// controller (exp/topology), registered only with the ClusterTopologyVariables gate.
 	TopologyVariablesConcurrency int
@@ -71,7 +78,9 @@ type Options struct {
 // their data dropped unless they are the <cluster>-kubeconfig Secrets the ClusterCache needs,
 // and only the Services and EndpointSlices guestnet created (label
 // app.kubernetes.io/managed-by=guestnet, which the EndpointSlice controller copies from a
-// Service to its slices): a host cluster has many of both, and OOMKills leave no logs.
+// Service to its slices): a host cluster has many of both, and OOMKills leave no logs. Of
+// the Pods it caches only the worker virt-launcher pods (their pod IPs are the guest Nodes'
+// InternalIPs, controllers/guestnodeidentity), and of those only what guestnet reads.
 func (o Options) CacheOptions() ctrlcache.Options {
 	var namespaces map[string]ctrlcache.Config
 	if o.WatchNamespace != "" {
@@ -93,6 +102,10 @@ func (o Options) CacheOptions() ctrlcache.Options {
 			},
 			&corev1.Service{}:            {Label: ours},
 			&discoveryv1.EndpointSlice{}: {Label: ours},
+			&corev1.Pod{}: {
+				Label:     labels.SelectorFromSet(labels.Set{virtlauncher.KubeVirtLabel: virtlauncher.LauncherValue, virtlauncher.RoleLabel: virtlauncher.WorkerRole}),
+				Transform: keepWorkerPodIdentity,
+			},
 			// Who set a MachineDeployment's template, to name a GitOps tool that reverts it.
 			&clusterv1.MachineDeployment{}: {Transform: ports.KeepInfrastructureRefOwners},
 		},
@@ -131,6 +144,47 @@ func KeepOwnManagedFields(in any) (any, error) {
 	}
 	obj.SetManagedFields(keep)
 	return in, nil
+}
+
+// keepWorkerPodIdentity is the cache transform of worker virt-launcher pods: their name,
+// labels, phase and pod IPs, which node identity reads; not their spec (containers,
+// volumes: kilobytes per VM).
+func keepWorkerPodIdentity(in any) (any, error) {
+	p, ok := in.(*corev1.Pod)
+	if !ok {
+		return in, nil
+	}
+	return &corev1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp, CreationTimestamp: p.CreationTimestamp,
+		},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+	}, nil
+}
+
+// NodeAgentImage is the image of guestnet's node agent: image when set, else the manager's
+// own, read from its pod (environment POD_NAME and POD_NAMESPACE, which the release's
+// Deployment sets from the downward API; the container named manager).
+func NodeAgentImage(ctx context.Context, reader client.Reader, image string) (string, error) {
+	if image != "" {
+		return image, nil
+	}
+	name, namespace := os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
+	if name == "" || namespace == "" {
+		return "", errors.New("--node-agent-image is not set and the manager does not know its own pod (POD_NAME, POD_NAMESPACE): set --node-agent-image to the manager's image")
+	}
+	pod := &corev1.Pod{}
+	if err := reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, pod); err != nil {
+		return "", fmt.Errorf("reading the manager's own pod %s/%s for the node agent's image (or set --node-agent-image): %w", namespace, name, err)
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "manager" {
+			return c.Image, nil
+		}
+	}
+	return "", fmt.Errorf("the manager's pod %s/%s has no container named manager: set --node-agent-image", namespace, name)
 }
 
 // keepOnlyKubeconfigData is a cache transform that drops the data of every cached Secret but

@@ -40,6 +40,10 @@ const (
 	// (virtualMachineTemplate.metadata.namespace), where its VMs go, but not this value: CAPK
 	// reads it from the KubevirtMachine, which lives in the tenant's own namespace.
 	MachineNamespaceLabel = "capk.cluster.x-k8s.io/kubevirt-machine-namespace"
+	// MachineNameLabel is set by CAPK next to MachineNamespaceLabel, to the name of the
+	// KubevirtMachine (constant KubevirtMachineNameLabel, same file and function): the name of
+	// the VM, of its VMI and the host name the guest Node is named after.
+	MachineNameLabel = "capk.cluster.x-k8s.io/kubevirt-machine-name"
 )
 
 // WorkerSelector selects the virt-launcher pods of the worker VMs of the Cluster
@@ -57,6 +61,14 @@ func WorkerSelector(namespace, cluster string) map[string]string {
 		KubeVirtLabel:         LauncherValue,
 		MachineNamespaceLabel: namespace,
 	}
+}
+
+// MachineSelector selects the virt-launcher pods of the worker VM of KubevirtMachine machine
+// of the Cluster namespace/cluster (WorkerSelector, narrowed to one machine).
+func MachineSelector(namespace, cluster, machine string) map[string]string {
+	s := WorkerSelector(namespace, cluster)
+	s[MachineNameLabel] = machine
+	return s
 }
 
 // FormatSelector renders a selector as kubectl's -l flag takes it, keys sorted:

@@ -1,0 +1,155 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// GuestNodeIdentityFinalizer lets guestnet take its agent out of the guest (after it removed
+// what it put in every VM's kernel) before a GuestNodeIdentity goes away.
+const GuestNodeIdentityFinalizer = "guestnet.addons.cluster.x-k8s.io/guestnodeidentity"
+
+// GuestNodeIdentity condition types (see also the shared ones in common_types.go).
+const (
+	// NodeAddressesCondition says whether every guest Node's InternalIPs are its VM's
+	// virt-launcher pod IPs (docs/node-identity.md).
+	NodeAddressesCondition = "NodeAddresses"
+
+	// NodeAgentCondition says whether guestnet's agent runs, ready, on every guest Node: the
+	// node IP is a local address of each VM and KubeVirt's masquerade address is translated
+	// to it and back.
+	NodeAgentCondition = "NodeAgent"
+)
+
+// GuestNodeIdentity condition reasons.
+const (
+	// NodeAddressesSetReason: every guest Node's InternalIPs are its VM's pod IPs.
+	NodeAddressesSetReason = "NodeAddressesSet"
+	// NoNodesReason: the guest has no Node yet.
+	NoNodesReason = "NoNodes"
+	// KubeletNotExternalReason: a Node's kubelet set its own addresses (it does not run in
+	// external cloud-provider mode), so guestnet may not write them: the kubelet would revert
+	// them within seconds. The message names the Nodes and the kubelet argument to add.
+	KubeletNotExternalReason = "KubeletNotExternal"
+	// WorkerPodNotFoundReason: no running virt-launcher pod of this Cluster's workers matches
+	// a Node (by its providerID or name); the Node keeps what it has.
+	WorkerPodNotFoundReason = "WorkerPodNotFound"
+	// InitializedElsewhereReason: another manager (KubeVirt's cloud provider, say) wrote the
+	// addresses of some Nodes; guestnet leaves them alone. Informational: Ready is not held.
+	InitializedElsewhereReason = "InitializedElsewhere"
+	// NodeAddressesExternalReason: spec.nodeAddresses is External: guestnet writes no Node.
+	NodeAddressesExternalReason = "NodeAddressesExternal"
+
+	// NodeAgentReadyReason: the agent runs the applied template, ready, on every Node.
+	NodeAgentReadyReason = "NodeAgentReady"
+	// NodeAgentRollingOutReason: the agent's DaemonSet is not rolled out yet; the message
+	// gives its counts.
+	NodeAgentRollingOutReason = "NodeAgentRollingOut"
+	// NodeAgentRemovingReason: the object is being deleted; the agents take off what they put
+	// in the kernels before guestnet deletes them.
+	NodeAgentRemovingReason = "NodeAgentRemoving"
+)
+
+// NodeAddressesMode says who writes the guest Nodes' addresses.
+// +kubebuilder:validation:Enum=Managed;External
+type NodeAddressesMode string
+
+const (
+	// NodeAddressesManaged: guestnet is the cloud-node controller of the Cluster's Nodes: it
+	// writes each Node's addresses from its VM's virt-launcher pod and removes the
+	// node.cloudprovider.kubernetes.io/uninitialized taint.
+	NodeAddressesManaged NodeAddressesMode = "Managed"
+	// NodeAddressesExternal: another cloud-node controller (KubeVirt's cloud provider) does;
+	// guestnet runs only its agent in the VMs.
+	NodeAddressesExternal NodeAddressesMode = "External"
+)
+
+// GuestNodeIdentitySpec opts a Cluster in to node identity.
+type GuestNodeIdentitySpec struct {
+	// clusterName is the name of the CAPI Cluster in this namespace whose workers this is for.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="clusterName must be the name of a Cluster in this namespace: lower-case letters, digits, '-' and '.', e.g. tenant-a (no namespace/ prefix)"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="clusterName is immutable"
+	ClusterName string `json:"clusterName"`
+
+	// nodeAddresses says who writes the guest Nodes' addresses: Managed (guestnet, the
+	// default) or External (another cloud-node controller, e.g. KubeVirt's cloud provider).
+	// +optional
+	// +kubebuilder:default=Managed
+	NodeAddresses NodeAddressesMode `json:"nodeAddresses,omitempty"`
+}
+
+// GuestNodeIdentityStatus is what guestnet observed and did.
+type GuestNodeIdentityStatus struct {
+	// nodes counts the guest Nodes.
+	// +optional
+	Nodes int32 `json:"nodes"`
+
+	// nodesWithPodIP counts the guest Nodes whose InternalIPs are their VM's pod IPs.
+	// +optional
+	NodesWithPodIP int32 `json:"nodesWithPodIP"`
+
+	// agentsReady counts the agent pods that run the applied template and are ready.
+	// +optional
+	AgentsReady int32 `json:"agentsReady"`
+
+	// observedGeneration is the generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Ready, Paused, ClusterAvailable, NodeAddresses, NodeAgent.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=guestnodeidentities,scope=Namespaced,shortName=gni,categories=cluster-api;guestnet
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".spec.clusterName",description="CAPI Cluster"
+// +kubebuilder:printcolumn:name="Nodes",type="integer",JSONPath=".status.nodes",description="Guest Nodes"
+// +kubebuilder:printcolumn:name="Pod IP",type="integer",JSONPath=".status.nodesWithPodIP",description="Nodes whose InternalIPs are their pod IPs"
+// +kubebuilder:printcolumn:name="Agents",type="integer",JSONPath=".status.agentsReady",description="Agents ready"
+// +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status"
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// GuestNodeIdentity makes a Cluster's KubeVirt workers real nodes behind masquerade: each
+// guest Node's InternalIP is its VM's virt-launcher pod IP, and inside each VM that address
+// is a local one, KubeVirt's masquerade address translated to it and back
+// (docs/node-identity.md). One per Cluster; deleting it is the opt-out.
+type GuestNodeIdentity struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec names the Cluster.
+	// +required
+	Spec GuestNodeIdentitySpec `json:"spec"`
+
+	// status reports the Nodes and the agent.
+	// +optional
+	Status GuestNodeIdentityStatus `json:"status,omitempty"`
+}
+
+// GetClusterName returns the name of the Cluster the GuestNodeIdentity belongs to.
+func (g *GuestNodeIdentity) GetClusterName() string { return g.Spec.ClusterName }
+
+// GetConditions returns the conditions (CAPI util/conditions Getter).
+func (g *GuestNodeIdentity) GetConditions() []metav1.Condition { return g.Status.Conditions }
+
+// SetConditions sets the conditions (CAPI util/conditions Setter).
+func (g *GuestNodeIdentity) SetConditions(c []metav1.Condition) { g.Status.Conditions = c }
+
+// +kubebuilder:object:root=true
+
+// GuestNodeIdentityList is a list of GuestNodeIdentity.
+type GuestNodeIdentityList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GuestNodeIdentity `json:"items"`
+}
+
+func init() {
+	objectTypes = append(objectTypes, &GuestNodeIdentity{}, &GuestNodeIdentityList{})
+}
