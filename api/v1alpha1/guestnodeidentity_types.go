@@ -54,11 +54,11 @@ const (
 type NodeAddressesMode string
 
 const (
-	// NodeAddressesManaged: guestnet is the cloud-node controller of the Cluster's Nodes: it
+	// NodeAddressesManaged means guestnet is the cloud-node controller of the Cluster's Nodes: it
 	// writes each Node's addresses from its VM's virt-launcher pod and removes the
 	// node.cloudprovider.kubernetes.io/uninitialized taint.
 	NodeAddressesManaged NodeAddressesMode = "Managed"
-	// NodeAddressesExternal: another cloud-node controller (KubeVirt's cloud provider) does;
+	// NodeAddressesExternal means another cloud-node controller (KubeVirt's cloud provider) does;
 	// guestnet runs only its agent in the VMs.
 	NodeAddressesExternal NodeAddressesMode = "External"
 )

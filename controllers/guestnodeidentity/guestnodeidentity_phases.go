@@ -12,11 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrlruntime "sigs.k8s.io/controller-runtime"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -154,7 +154,7 @@ func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) error {
 		}
 		rep.byVerdict[d.Verdict] = append(rep.byVerdict[d.Verdict], node.Name)
 	}
-	gni.Status.Nodes, gni.Status.NodesWithPodIP = int32(rep.nodes), int32(rep.withPodIP) //nolint:gosec // counts of a bounded list
+	gni.Status.Nodes, gni.Status.NodesWithPodIP = int32(rep.nodes), int32(rep.withPodIP)
 	setNodeAddressesCondition(gni, rep, s.cluster.Namespace)
 	return rep.failed
 }
@@ -289,7 +289,7 @@ func (r *Reconciler) reconcileAgent(ctx context.Context, s *scope, remove bool) 
 		record.Written(ctx, r.recorder, gni, record.Write{Type: corev1.EventTypeNormal, Reason: "NodeAgentApplied", Action: "Apply",
 			Note: fmt.Sprintf("Applied guestnet's node agent in the guest (%s/%s, image %s, remove=%t)", agentNamespace, agentName, p.Image, remove)})
 	}
-	ctrlruntime.LoggerFrom(ctx).V(4).Info("Node agent", "applied", applied, "status", st.String(), "rolledOut", st.RolledOut)
+	log.FromContext(ctx).V(4).Info("Node agent", "applied", applied, "status", st.String(), "rolledOut", st.RolledOut)
 	gni.Status.AgentsReady = st.Ready
 	setNodeAgentCondition(gni, st, applied, remove)
 	return nil

@@ -177,7 +177,7 @@ func (a *NodeAgents) sync(ctx context.Context) error {
 			delete(a.running, m)
 		}
 	}
-	st := appsv1.DaemonSetStatus{DesiredNumberScheduled: int32(len(eligible)), ObservedGeneration: ds.Generation} //nolint:gosec // a handful
+	st := appsv1.DaemonSetStatus{DesiredNumberScheduled: int32(len(eligible)), ObservedGeneration: ds.Generation}
 	for _, p := range a.running {
 		st.CurrentNumberScheduled++
 		if p.generation == ds.Generation {
@@ -302,7 +302,7 @@ func probeReady(ctx context.Context, spec *corev1.PodSpec, w *Worker) bool {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{DialContext: w.DialFromVM, DisableKeepAlives: true}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
 	if err != nil {
 		return false
 	}

@@ -91,8 +91,7 @@ type agent struct {
 	// ready and why are what /readyz answers.
 	ready bool
 	why   string
-	// applied is the kernel state last written; proof serves /healthz on its node IP.
-	applied   Kernel
+	// proof serves /healthz on the node IP.
 	proof     net.Listener
 	proofAddr string
 }
@@ -205,7 +204,7 @@ func (a *agent) checkProof(ctx context.Context) error {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", http.NoBody)
 	if err != nil {
 		return err
 	}

@@ -59,7 +59,7 @@ func Uplink() (name string, addr net.IP, err error) {
 		return "", nil, fmt.Errorf("listing routes: %w", err)
 	}
 	for _, r := range routes {
-		if r.Dst != nil && !(r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask)) {
+		if r.Dst != nil && (!r.Dst.IP.IsUnspecified() || !isZeroMask(r.Dst.Mask)) {
 			continue
 		}
 		link, err := netlink.LinkByIndex(r.LinkIndex)

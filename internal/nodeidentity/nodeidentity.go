@@ -55,19 +55,19 @@ func WorkerPodSelector(namespace, cluster string, node *corev1.Node) map[string]
 type Verdict string
 
 const (
-	// InSync: the Node's InternalIPs are its pod IPs already.
+	// InSync means the Node's InternalIPs are its pod IPs already.
 	InSync Verdict = "InSync"
-	// Write: guestnet writes the addresses (the Node waits for initialization, or guestnet
+	// Write means guestnet writes the addresses (the Node waits for initialization, or guestnet
 	// wrote them before and the pod IPs changed), then removes the taint.
 	Write Verdict = "Write"
-	// KubeletOwned: the kubelet wrote other addresses itself: it does not run in external
+	// KubeletOwned means the kubelet wrote other addresses itself: it does not run in external
 	// cloud-provider mode, and would revert any other writer.
 	KubeletOwned Verdict = "KubeletOwned"
-	// OtherInitializer: another manager (KubeVirt's cloud provider) wrote the addresses.
+	// OtherInitializer means another manager (KubeVirt's cloud provider) wrote the addresses.
 	OtherInitializer Verdict = "OtherInitializer"
-	// NoWorkerPod: no running virt-launcher pod of the Cluster's workers matches the Node.
+	// NoWorkerPod means no running virt-launcher pod of the Cluster's workers matches the Node.
 	NoWorkerPod Verdict = "NoWorkerPod"
-	// Migrating: several running pods match (a live migration): the Node keeps what it has
+	// Migrating means several running pods match (a live migration): the Node keeps what it has
 	// until one is left.
 	Migrating Verdict = "Migrating"
 )
@@ -186,10 +186,10 @@ func AddressWriters(node *corev1.Node) []string {
 
 // addressesMark stands in, in a trimmed Node's managedFields, for the fields of an entry that
 // wrote status.addresses.
-var addressesMark = []byte(`{"f:status":{"f:addresses":{}}}`)
+const addressesMark = `{"f:status":{"f:addresses":{}}}`
 
 func writesAddresses(e metav1.ManagedFieldsEntry) bool {
-	return e.FieldsV1 != nil && bytes.Contains(e.FieldsV1.Raw, []byte(`"f:addresses"`))
+	return e.FieldsV1 != nil && bytes.Contains(e.FieldsV1.GetRawBytes(), []byte(`"f:addresses"`))
 }
 
 // TrimNode keeps of a guest Node what Decide and the controller read: name, resourceVersion,
@@ -210,7 +210,7 @@ func TrimNode(n *corev1.Node) *corev1.Node {
 		if writesAddresses(e) {
 			out.ManagedFields = append(out.ManagedFields, metav1.ManagedFieldsEntry{
 				Manager: e.Manager, Operation: e.Operation, Subresource: e.Subresource,
-				FieldsType: e.FieldsType, FieldsV1: &metav1.FieldsV1{Raw: addressesMark},
+				FieldsType: e.FieldsType, FieldsV1: metav1.NewFieldsV1(addressesMark),
 			})
 		}
 	}

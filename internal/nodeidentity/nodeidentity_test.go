@@ -36,7 +36,7 @@ func wroteAddresses(managers ...string) func(*corev1.Node) {
 		for _, m := range managers {
 			n.ManagedFields = append(n.ManagedFields, metav1.ManagedFieldsEntry{
 				Manager: m, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status",
-				FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:addresses":{".":{}},"f:conditions":{}}}`)},
+				FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:addresses":{".":{}},"f:conditions":{}}}`),
 			})
 		}
 	}
@@ -67,9 +67,9 @@ func TestDecide(t *testing.T) {
 		"kubelet --node-ip right already":         {node: node("a", internalIP("10.244.1.5"), wroteAddresses("kubelet")), pods: []corev1.Pod{pod("10.244.1.5")}, verdict: InSync},
 		"another initializer":                     {node: node("a", internalIP("10.244.1.7"), wroteAddresses("kubelet", "kubevirt-cloud-controller-manager")), pods: []corev1.Pod{pod("10.244.1.5")}, verdict: OtherInitializer, writers: []string{"kubevirt-cloud-controller-manager"}},
 		"another initializer, guestnet wrote too": {node: node("a", internalIP("10.244.1.7"), wroteAddresses("ccm", guestnet)), pods: []corev1.Pod{pod("10.244.1.5")}, verdict: Write, writers: []string{"ccm"}},
-		"no pod":                                  {node: node("a", tainted), verdict: NoWorkerPod},
-		"pod going or pending only":               {node: node("a", tainted), pods: []corev1.Pod{pod("10.244.1.5", deleting), pod("10.244.1.6", pending)}, verdict: NoWorkerPod},
-		"migrating: two running pods":             {node: node("a", internalIP("10.244.1.5"), wroteAddresses(guestnet)), pods: []corev1.Pod{pod("10.244.1.5"), pod("10.244.1.6")}, verdict: Migrating},
+		"no pod":                      {node: node("a", tainted), verdict: NoWorkerPod},
+		"pod going or pending only":   {node: node("a", tainted), pods: []corev1.Pod{pod("10.244.1.5", deleting), pod("10.244.1.6", pending)}, verdict: NoWorkerPod},
+		"migrating: two running pods": {node: node("a", internalIP("10.244.1.5"), wroteAddresses(guestnet)), pods: []corev1.Pod{pod("10.244.1.5"), pod("10.244.1.6")}, verdict: Migrating},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -109,7 +109,7 @@ func TestTrimNode(t *testing.T) {
 	n.Labels = map[string]string{"big": "label"}
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"registry/some:image"}, SizeBytes: 1 << 30}}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
-	n.ManagedFields = append(n.ManagedFields, metav1.ManagedFieldsEntry{Manager: "kubectl", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{}}}`)}})
+	n.ManagedFields = append(n.ManagedFields, metav1.ManagedFieldsEntry{Manager: "kubectl", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{}}}`)})
 	trimmed := TrimNode(n)
 	g.Expect(trimmed.Labels).To(BeNil())
 	g.Expect(trimmed.Status.Images).To(BeNil())
