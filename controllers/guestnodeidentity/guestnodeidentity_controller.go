@@ -135,7 +135,6 @@ func (r *Reconciler) workerPodToObjects(ctx context.Context, o client.Object) []
 // Own objects: read them, write status, hold the finalizer until the agent is out of the guest.
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestnodeidentities,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestnodeidentities/status,verbs=patch
-// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestnodeidentities/finalizers,verbs=update
 // The CAPI Cluster named by spec.clusterName: pause, provisioning state, control plane endpoint.
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // The worker virt-launcher pods: their status.podIPs are the Nodes' InternalIPs.
