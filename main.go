@@ -260,9 +260,10 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestWebhookBridgeConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestWebhookBridge controller: %w", err)
 	}
-	agentImage, err := manager.NodeAgentImage(ctx, mgr.GetAPIReader(), o.NodeAgentImage)
-	if err != nil {
-		return err
+	// Without it the Nodes' addresses are still written; the agent waits (NodeAgent says why).
+	agentImage, agentImageErr := manager.NodeAgentImage(ctx, mgr.GetAPIReader(), o.NodeAgentImage)
+	if agentImageErr != nil {
+		setupLog.Error(agentImageErr, "The node agent's image is unknown: GuestNodeIdentities will not apply the agent")
 	}
 	if err := (&guestnodeidentity.Reconciler{
 		Client:           mgr.GetClient(),
@@ -270,6 +271,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		ClusterCache:     clusterCache,
 		WatchFilterValue: o.WatchFilterValue,
 		AgentImage:       agentImage,
+		AgentImageError:  agentImageErr,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestNodeIdentityConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestNodeIdentity controller: %w", err)
 	}

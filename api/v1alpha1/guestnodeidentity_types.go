@@ -44,6 +44,9 @@ const (
 	// NodeAgentRollingOutReason: the agent's DaemonSet is not rolled out yet; the message
 	// gives its counts.
 	NodeAgentRollingOutReason = "NodeAgentRollingOut"
+	// NodeAgentImageUnknownReason: the manager does not know the agent's image (its own): it
+	// was started without --node-agent-image outside a pod; the message says what to set.
+	NodeAgentImageUnknownReason = "NodeAgentImageUnknown"
 	// NodeAgentRemovingReason: the object is being deleted; the agents take off what they put
 	// in the kernels before guestnet deletes them.
 	NodeAgentRemovingReason = "NodeAgentRemoving"

@@ -56,7 +56,9 @@ type Reconciler struct {
 	WatchFilterValue string
 
 	// AgentImage is the image of guestnet's agent in the guest: the manager's own.
-	AgentImage string
+	// AgentImageError says why it is not known (then no agent is applied).
+	AgentImage      string
+	AgentImageError error
 
 	recorder   events.EventRecorder
 	controller controller.Controller
@@ -81,8 +83,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if r.Client == nil || r.ClusterCache == nil {
 		return errors.New("guestnodeidentity: Client and ClusterCache must not be nil")
 	}
-	if r.AgentImage == "" {
-		return errors.New("guestnodeidentity: the agent's image is not known (--node-agent-image)")
+	if r.AgentImage == "" && r.AgentImageError == nil {
+		r.AgentImageError = errors.New("the manager was started without --node-agent-image")
 	}
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()

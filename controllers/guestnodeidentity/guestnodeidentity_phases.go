@@ -271,6 +271,12 @@ func (r *Reconciler) agentParams(s *scope, remove bool) (nodeagent.Params, bool)
 // reconcileAgent applies the agent into the guest (remove: with --remove) and reports it.
 func (r *Reconciler) reconcileAgent(ctx context.Context, s *scope, remove bool) error {
 	gni := s.gni
+	if r.AgentImage == "" {
+		conditions.Set(gni, metav1.Condition{Type: guestnetv1.NodeAgentCondition, Status: metav1.ConditionFalse,
+			Reason: guestnetv1.NodeAgentImageUnknownReason, Message: fmt.Sprintf("guestnet does not know its node agent's image (%v): "+
+				"run the manager with --node-agent-image=<the manager's image>, or with POD_NAME and POD_NAMESPACE set from the downward API as the release's Deployment does", r.AgentImageError)})
+		return nil
+	}
 	p, ok := r.agentParams(s, remove)
 	if !ok {
 		conditions.Set(gni, metav1.Condition{Type: guestnetv1.NodeAgentCondition, Status: metav1.ConditionFalse,
