@@ -110,7 +110,7 @@ func TestClusterctlReleaseFiles(t *testing.T) {
 	}
 	g.Expect(kinds["CustomResourceDefinition"]).To(ConsistOf(
 		"guestingresses.guestnet.addons.cluster.x-k8s.io", "guestingresspolicies.guestnet.addons.cluster.x-k8s.io",
-		"guestwebhookbridges.guestnet.addons.cluster.x-k8s.io"))
+		"guestnodeidentities.guestnet.addons.cluster.x-k8s.io", "guestwebhookbridges.guestnet.addons.cluster.x-k8s.io"))
 
 	meta, err := os.ReadFile(filepath.Join(rel.dir, "metadata.yaml"))
 	g.Expect(err).NotTo(HaveOccurred())

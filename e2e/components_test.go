@@ -31,6 +31,7 @@ func TestComponentsFile(t *testing.T) {
 	g.Expect(kinds["CustomResourceDefinition"]).To(ConsistOf(
 		"guestingresses.guestnet.addons.cluster.x-k8s.io",
 		"guestingresspolicies.guestnet.addons.cluster.x-k8s.io",
+		"guestnodeidentities.guestnet.addons.cluster.x-k8s.io",
 		"guestwebhookbridges.guestnet.addons.cluster.x-k8s.io",
 	))
 	g.Expect(kinds["Deployment"]).To(HaveLen(1))

@@ -92,6 +92,7 @@ var docsKinds = map[schema.GroupKind]docsKind{
 	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestIngress"}:           {target: docsHost},
 	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestWebhookBridge"}:     {target: docsHost},
 	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestIngressPolicy"}:     {target: docsHost},
+	{Group: "guestnet.addons.cluster.x-k8s.io", Kind: "GuestNodeIdentity"}:      {target: docsHost},
 	{Group: "cluster.x-k8s.io", Kind: "Cluster"}:                                {target: docsHost},
 	{Group: "cluster.x-k8s.io", Kind: "ClusterClass"}:                           {target: docsHost},
 	{Group: "cluster.x-k8s.io", Kind: "MachineDeployment"}:                      {target: docsHost},

@@ -267,6 +267,9 @@ func TestNodeIdentity_PodIPIsTheNodesIdentityInsideAndOutsideTheVM(t *testing.T)
 		}).WithTimeout(nodeIdentityTimeout).Should(BeTrue(), "the finalizer goes once the agents removed their state")
 		g.Expect(apierrors.IsNotFound(e.l.Guest.Client.Get(e.ctx,
 			client.ObjectKey{Namespace: nodeagent.Namespace, Name: nodeagent.Name}, &appsv1.DaemonSet{}))).To(BeTrue())
+		g.Eventually(func() bool {
+			return apierrors.IsNotFound(e.l.Guest.Client.Get(e.ctx, client.ObjectKey{Name: nodeagent.Namespace}, &corev1.Namespace{}))
+		}).WithTimeout(nodeIdentityTimeout).Should(BeTrue(), "the agent's namespace goes too")
 		for _, w := range []*lab.Worker{a, b} {
 			err := w.DoInVM(func() error {
 				l, err := net.Listen("tcp", net.JoinHostPort(w.IP, "0"))
@@ -307,6 +310,15 @@ func TestNodeIdentity_KubeletNotExternalIsReportedNotFought(t *testing.T) {
 	g.Expect(err).To(HaveOccurred(), "and kubectl logs still fails, which the condition explains")
 	c := e.condition(g, gni, guestnetv1.ReadyCondition)
 	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+
+	// The opt-out works all the same (the agents, not ready here, remove nothing and say so).
+	g.Expect(e.l.Host.Client.Delete(e.ctx, gni)).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(e.l.Host.Client.Get(e.ctx, client.ObjectKeyFromObject(gni), &guestnetv1.GuestNodeIdentity{}))
+	}).WithTimeout(nodeIdentityTimeout).Should(BeTrue())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(e.l.Guest.Client.Get(e.ctx, client.ObjectKey{Name: nodeagent.Namespace}, &corev1.Namespace{}))
+	}).WithTimeout(nodeIdentityTimeout).Should(BeTrue(), "nothing of the agent is left in the guest")
 }
 
 // dumpKernels logs what the VMs' and pods' kernels hold, for a failed test.

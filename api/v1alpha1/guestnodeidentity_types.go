@@ -85,7 +85,8 @@ type GuestNodeIdentitySpec struct {
 
 // GuestNodeIdentityStatus is what guestnet observed and did.
 type GuestNodeIdentityStatus struct {
-	// nodes counts the guest Nodes.
+	// nodes counts the guest Nodes of the Cluster's KubeVirt workers (those with a worker
+	// virt-launcher pod, waiting for guestnet, or whose addresses guestnet wrote).
 	// +optional
 	Nodes int32 `json:"nodes"`
 

@@ -128,6 +128,10 @@ func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) error {
 	for i := range nodes.Items {
 		node := &nodes.Items[i]
 		d := nodeidentity.Decide(node, podsOf(pods.Items, nodeidentity.MachineName(node)), ownership.FieldManager)
+		if d.Verdict == nodeidentity.NotAWorker {
+			rep.nodes-- // not this Cluster's KubeVirt worker: not counted, left alone
+			continue
+		}
 		switch {
 		case d.Verdict == nodeidentity.InSync:
 			rep.withPodIP++

@@ -42,7 +42,8 @@ const NodeAgentImage = "ghcr.io/guestnet/cluster-api-addon-provider-guestnet:lab
 // configuration (KUBERNETES_SERVICE_HOST/PORT from the container's env), the stand-in gives
 // the agent --kubeconfig with the same server, the guest's CA and a TokenRequest token of the
 // pod's ServiceAccount. A DaemonSet that goes takes its processes with it (SIGKILL: an agent
-// never cleans up on the way out). Logs: <lab>/node-agent-<machine>-<n>.log.
+// never cleans up on the way out), and the namespace controller's deletion of the agent's
+// namespace (finalizeNamespace). Logs: <lab>/node-agent-<machine>-<n>.log.
 type NodeAgents struct {
 	l  *Lab
 	kv *KubeVirt
@@ -128,6 +129,9 @@ func (p *agentPod) kill() {
 // sync is one pass of the played DaemonSet controller and kubelets.
 func (a *NodeAgents) sync(ctx context.Context) error {
 	guest := a.l.Guest.Client
+	if err := a.finalizeNamespace(ctx); err != nil {
+		return err
+	}
 	ds := &appsv1.DaemonSet{}
 	err := guest.Get(ctx, client.ObjectKey{Namespace: nodeagent.Namespace, Name: nodeagent.Name}, ds)
 	if apierrors.IsNotFound(err) || (err == nil && ds.DeletionTimestamp != nil) {
@@ -325,4 +329,22 @@ func (a *NodeAgents) Kill(machine string) error {
 	}
 	p.kill()
 	return nil
+}
+
+// finalizeNamespace plays the guest's namespace controller for the agent's namespace (the
+// lab's guest runs no kube-controller-manager): once it is being deleted and holds no agent
+// DaemonSet or ServiceAccount, its finalizer goes and the namespace with it.
+func (a *NodeAgents) finalizeNamespace(ctx context.Context) error {
+	guest := a.l.Guest.Client
+	ns := &corev1.Namespace{}
+	if err := guest.Get(ctx, client.ObjectKey{Name: nodeagent.Namespace}, ns); err != nil || ns.DeletionTimestamp == nil {
+		return client.IgnoreNotFound(err)
+	}
+	for _, o := range []client.Object{&appsv1.DaemonSet{}, &corev1.ServiceAccount{}} {
+		if err := guest.Get(ctx, client.ObjectKey{Namespace: nodeagent.Namespace, Name: nodeagent.Name}, o); !apierrors.IsNotFound(err) {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	ns.Spec.Finalizers = nil
+	return client.IgnoreNotFound(guest.SubResource("finalize").Update(ctx, ns))
 }

@@ -65,8 +65,13 @@ const (
 	KubeletOwned Verdict = "KubeletOwned"
 	// OtherInitializer means another manager (KubeVirt's cloud provider) wrote the addresses.
 	OtherInitializer Verdict = "OtherInitializer"
-	// NoWorkerPod means no running virt-launcher pod of the Cluster's workers matches the Node.
+	// NoWorkerPod means no running virt-launcher pod of the Cluster's workers matches a Node
+	// that waits for guestnet (the taint) or whose addresses guestnet wrote (its VM is down).
 	NoWorkerPod Verdict = "NoWorkerPod"
+	// NotAWorker means no virt-launcher pod of the Cluster's workers matches a Node that
+	// does not wait for guestnet and whose addresses guestnet never wrote: a Node of other
+	// infrastructure (another MachineDeployment's provider, a control-plane Node), left alone.
+	NotAWorker Verdict = "NotAWorker"
 	// Migrating means several running pods match (a live migration): the Node keeps what it has
 	// until one is left.
 	Migrating Verdict = "Migrating"
@@ -108,6 +113,9 @@ func Decide(node *corev1.Node, pods []corev1.Pod, fieldManager string) Decision 
 	switch len(running) {
 	case 0:
 		d.Verdict = NoWorkerPod
+		if !d.Tainted && !guestnetWrote {
+			d.Verdict = NotAWorker
+		}
 		return d
 	case 1:
 	default:

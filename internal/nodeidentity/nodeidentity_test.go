@@ -67,9 +67,11 @@ func TestDecide(t *testing.T) {
 		"kubelet --node-ip right already":         {node: node("a", internalIP("10.244.1.5"), wroteAddresses("kubelet")), pods: []corev1.Pod{pod("10.244.1.5")}, verdict: InSync},
 		"another initializer":                     {node: node("a", internalIP("10.244.1.7"), wroteAddresses("kubelet", "kubevirt-cloud-controller-manager")), pods: []corev1.Pod{pod("10.244.1.5")}, verdict: OtherInitializer, writers: []string{"kubevirt-cloud-controller-manager"}},
 		"another initializer, guestnet wrote too": {node: node("a", internalIP("10.244.1.7"), wroteAddresses("ccm", guestnet)), pods: []corev1.Pod{pod("10.244.1.5")}, verdict: Write, writers: []string{"ccm"}},
-		"no pod":                      {node: node("a", tainted), verdict: NoWorkerPod},
-		"pod going or pending only":   {node: node("a", tainted), pods: []corev1.Pod{pod("10.244.1.5", deleting), pod("10.244.1.6", pending)}, verdict: NoWorkerPod},
-		"migrating: two running pods": {node: node("a", internalIP("10.244.1.5"), wroteAddresses(guestnet)), pods: []corev1.Pod{pod("10.244.1.5"), pod("10.244.1.6")}, verdict: Migrating},
+		"no pod":                            {node: node("a", tainted), verdict: NoWorkerPod},
+		"no pod, guestnet wrote (VM down)":  {node: node("a", internalIP("10.244.1.5"), wroteAddresses(guestnet)), verdict: NoWorkerPod},
+		"no pod, not waiting: not a worker": {node: node("cp-0", internalIP("192.0.2.10"), wroteAddresses("kubelet")), verdict: NotAWorker},
+		"pod going or pending only":         {node: node("a", tainted), pods: []corev1.Pod{pod("10.244.1.5", deleting), pod("10.244.1.6", pending)}, verdict: NoWorkerPod},
+		"migrating: two running pods":       {node: node("a", internalIP("10.244.1.5"), wroteAddresses(guestnet)), pods: []corev1.Pod{pod("10.244.1.5"), pod("10.244.1.6")}, verdict: Migrating},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
