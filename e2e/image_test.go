@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,6 +51,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -60,6 +62,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/diagnose"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeagent"
 )
 
 // What the image must be (the Dockerfile's USER and ENTRYPOINT; the Deployment's runAsUser).
@@ -962,4 +965,64 @@ func (p *podman) exec(ctx context.Context, args ...string) (string, int, error) 
 		err = fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), cmd.ProcessState.ExitCode(), err
+}
+
+// The node agent is the released image too (`manager node-agent`), run as its DaemonSet's pod
+// runs it: under podman and runc, root with every capability dropped but NET_ADMIN, no new
+// privileges, a read-only root filesystem, on the host network (here the lab's namespace).
+// With --remove it reads the kernel's addresses and nftables tables (which needs NET_ADMIN),
+// finds nothing of its own to take off, and answers its readiness probe.
+func TestImage_RunsTheNodeAgentUnderPodman(t *testing.T) {
+	g := NewWithT(t)
+	a := requireImageArtifacts(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	pm := newPodman(t)
+	id := strings.TrimSpace(pm.mustRun(ctx, "pull", "--quiet", "--signature-policy", pm.policy, "oci-archive:"+a.archive+":"+a.tag))
+	pm.mustRun(ctx, "tag", id, a.releaseImage)
+
+	ds := nodeagent.DaemonSet(nodeagent.Params{Image: a.releaseImage, APIServerHost: lab.GuestAPIServerAddress, APIServerPort: lab.APIServerPort})
+	raw, err := json.Marshal(ds.Spec.Template.Spec)
+	g.Expect(err).NotTo(HaveOccurred())
+	spec := &corev1.PodSpec{}
+	g.Expect(json.Unmarshal(raw, spec)).To(Succeed())
+	g.Expect(spec.HostNetwork).To(BeTrue())
+	container := spec.Containers[0]
+	g.Expect(container.Image).To(Equal(a.releaseImage))
+	g.Expect(container.Command).To(BeEmpty(), "the image's entrypoint, the manager")
+	sc := container.SecurityContext
+	g.Expect(sc.Capabilities.Add).To(Equal([]corev1.Capability{"NET_ADMIN"}))
+
+	// A free port of the lab namespace for its probe (the DaemonSet's own, 9441, may be taken).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	g.Expect(err).NotTo(HaveOccurred())
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+
+	name := "node-agent-" + utilrand.String(5)
+	runArgs := []string{"run", "--detach", "--name", name, "--pull=never", "--log-driver=k8s-file", "--network=host",
+		"--ulimit=nofile=1024:1024", "--ulimit=nproc=4096:4096",
+		"--user=" + strconv.Itoa(int(ptr.Deref(sc.RunAsUser, -1))), "--cap-add=NET_ADMIN"}
+	runArgs = append(runArgs, securityContextFlags(t, sc)...)
+	args := append(append([]string{}, container.Args...), "--remove", "--node-name=lab-node", fmt.Sprintf("--health-port=%d", port))
+	pm.mustRun(ctx, append(append(runArgs, a.releaseImage), args...)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := pm.run(context.Background(), "logs", "--tail=40", name)
+			t.Logf("node agent container log:\n%s", out)
+		}
+		_, _ = pm.run(context.Background(), "rm", "--force", "--time=0", name)
+	})
+	g.Eventually(func() error { return httpGetOK(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", port)) }).
+		WithTimeout(time.Minute).WithPolling(500*time.Millisecond).Should(Succeed(), "the agent's readiness probe")
+
+	// Its process holds NET_ADMIN (bit 12) and nothing else.
+	pid := strings.TrimSpace(pm.mustRun(ctx, "inspect", "--format={{.State.Pid}}", name))
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(status)).To(MatchRegexp(`(?m)^CapEff:\s+0000000000001000$`))
+	g.Expect(string(status)).To(MatchRegexp(`(?m)^NoNewPrivs:\s+1$`))
+
+	pm.mustRun(ctx, "stop", "--time=30", name)
+	g.Expect(strings.TrimSpace(pm.mustRun(ctx, "inspect", "--format={{.State.ExitCode}}", name))).To(Equal("0"))
 }

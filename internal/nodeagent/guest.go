@@ -150,6 +150,12 @@ func objects(p Params) (*corev1ac.NamespaceApplyConfiguration, *corev1ac.Service
 	return ns, sa, role, binding, ds
 }
 
+// DaemonSet is the agent's DaemonSet for p, as Apply applies it (without the hash annotation).
+func DaemonSet(p Params) *appsv1ac.DaemonSetApplyConfiguration {
+	_, _, _, _, ds := objects(p)
+	return ds
+}
+
 // TemplateHash is the hash of the agent's objects for p.
 func TemplateHash(p Params) string {
 	ns, sa, role, binding, ds := objects(p)
