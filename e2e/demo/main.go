@@ -109,6 +109,9 @@ func run(hold bool, dir string) error {
 	if err := guestIngressTour(ctx, l, s, host, guest); err != nil {
 		return err
 	}
+	if err := nodeIdentityTour(ctx, l, host, guest); err != nil {
+		return err
+	}
 
 	if hold {
 		pid := os.Getpid()
