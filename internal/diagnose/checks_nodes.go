@@ -54,10 +54,16 @@ type nodeView struct {
 
 func (v *nodeView) onePod() bool { return len(v.pods) == 1 }
 
-func (v *nodeView) podIPs() []string {
+func (v *nodeView) podIPs() []string { return podIPs(&v.pods[0]) }
+
+// podIPs are the pod's status.podIPs (its status.podIP when a writer set only that).
+func podIPs(p *corev1.Pod) []string {
 	var out []string
-	for _, ip := range v.pods[0].Status.PodIPs {
+	for _, ip := range p.Status.PodIPs {
 		out = append(out, ip.IP)
+	}
+	if len(out) == 0 && p.Status.PodIP != "" {
+		out = append(out, p.Status.PodIP)
 	}
 	return out
 }
@@ -79,7 +85,7 @@ func (v *nodeView) kubeletOnly() bool {
 func nodeViews(s *State) []nodeView {
 	byMachine := map[string][]corev1.Pod{}
 	for _, p := range workerPods(s) {
-		if p.Status.Phase != corev1.PodRunning || len(p.Status.PodIPs) == 0 {
+		if p.Status.Phase != corev1.PodRunning || len(podIPs(&p)) == 0 {
 			continue
 		}
 		keys := []string{p.Annotations[domainAnnotation], p.Labels[virtlauncher.MachineNameLabel]}
