@@ -866,7 +866,7 @@ func init() {
 		"KubeVirt's CRDs are not in the lab (its workers are stand-ins)": {"vmi", "vmis",
 			"virtualmachineinstance", "virtualmachineinstances", "virtualmachineinstances.kubevirt.io",
 			"vm", "vms", "virtualmachine", "virtualmachines", "virtualmachines.kubevirt.io"},
-		"Contour's CRDs are not in the lab's guest": {"httpproxy", "httpproxies", "httpproxies.projectcontour.io"},
+		"Contour's CRDs are not in the lab's guest":                                 {"httpproxy", "httpproxies", "httpproxies.projectcontour.io"},
 		"Cilium's agent CRDs are not in the lab's guest (its tunnel is a stand-in)": {"ciliumnode", "ciliumnodes", "ciliumnodes.cilium.io"},
 		"cert-manager's CRDs are in the lab's guest only while a test runs cert-manager": {"issuer", "issuers",
 			"clusterissuer", "clusterissuers", "certificate", "certificates", "certificates.cert-manager.io",

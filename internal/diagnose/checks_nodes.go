@@ -375,10 +375,10 @@ func checkCiliumNodes(s *State) []Result {
 		return out
 	}
 	r := Result{Check: CheckCiliumNode, Verdict: OK}
-	switch total := len(g.CiliumNodes); {
-	case compared == 0:
+	switch total := len(g.CiliumNodes); compared {
+	case 0:
 		r.Detail = fmt.Sprintf("no CiliumNode of a Node with a right InternalIP (%d CiliumNodes)", total)
-	case compared == total:
+	case total:
 		r.Detail = fmt.Sprintf("the %d CiliumNodes name their Node's InternalIP", total)
 	default:
 		r.Detail = fmt.Sprintf("%d of the %d CiliumNodes name their Node's InternalIP; the others have no Node with a right InternalIP (see the Nodes' checks)", compared, total)
