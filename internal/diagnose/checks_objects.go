@@ -28,6 +28,8 @@ func Diagnose(s *State) *Report {
 		rep.add(checkTunnel(s))
 		rep.add(checkTargets(s)...)
 		rep.add(checkKonnectivity(s))
+		rep.add(checkNodes(s)...)
+		rep.add(checkCiliumNodes(s)...)
 	}
 	for i := range s.Ingresses {
 		rep.add(checkAdmission(s, &s.Ingresses[i]))

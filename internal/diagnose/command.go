@@ -23,8 +23,10 @@ per item, [OK], [WARN] or [FAIL], with the fix for every WARN and FAIL: the work
 virt-launcher pods selected by the CAPI labels, the endpoints (and load-balancer IP) of every
 Service that forwards to the workers, the ports each worker template declares against those
 the cluster requires, the guest Cilium tunnel port, every APIService's availability, every
-webhook's reachability and TLS, the konnectivity agents, and the conditions of the cluster's
-GuestIngresses and GuestWebhookBridges.
+webhook's reachability and TLS, the konnectivity agents, the guest Nodes' identity (each
+initialized, with its VM's virt-launcher pod IP as InternalIP, written by a kubelet in external
+cloud-provider mode, and advertised by the guest Cilium's CiliumNode), and the conditions of
+the cluster's GuestIngresses and GuestWebhookBridges.
 
 It reads the host through --kubeconfig and the guest through the Cluster's
 <cluster>-kubeconfig Secret (or --guest-kubeconfig), and changes nothing. A tenant can write

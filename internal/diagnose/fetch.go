@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +52,7 @@ type GatherOptions struct {
 // Gather reads everything the checks look at. An error means the host could not be read
 // (nothing can be said then); a guest that cannot be read is a finding (State.Guest.Err).
 func Gather(ctx context.Context, host client.Reader, o GatherOptions) (*State, error) {
-	s := &State{Namespace: o.Namespace, ClusterName: o.Cluster}
+	s := &State{Namespace: o.Namespace, ClusterName: o.Cluster, Now: time.Now()}
 	cluster, err := clusterscope.GetCluster(ctx, host, o.Namespace, o.Cluster)
 	if err != nil {
 		return nil, err
@@ -72,6 +73,9 @@ func Gather(ctx context.Context, host client.Reader, o GatherOptions) (*State, e
 		s.Bridges = append(s.Bridges, *gwb)
 	}
 	s.Admission, s.AdmissionErr = admission(ctx, host, s.Ingresses)
+	if s.NodeIdentities, err = listNodeIdentities(ctx, host, o.Namespace, o.Cluster); err != nil {
+		return nil, err
+	}
 	_, annotated := cluster.Annotations[guestnetv1.ExtraWorkerPortsAnnotation]
 	s.Managed = !consumers.Empty() || annotated
 
@@ -229,6 +233,11 @@ func readGuest(ctx context.Context, host client.Reader, cluster *clusterv1.Clust
 		g.Err = fmt.Errorf("reading kube-system/cilium-config: %w", err)
 		return g, nil
 	}
+
+	// The node identity checks' Nodes and CiliumNodes: what cannot be read is said by those
+	// checks, the rest of the guest is checked anyway.
+	g.Nodes, g.NodesTruncated, g.NodesErr = listGuestNodes(ctx, c)
+	g.CiliumNodes, g.CiliumNodesErr = listCiliumNodes(ctx, c)
 	return g, c
 }
 

@@ -3,6 +3,7 @@ package diagnose
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -48,6 +49,9 @@ const (
 
 var workerIPs = []string{"10.244.1.11", "10.244.1.12"}
 
+// now is the fixtures' State.Now; the guest Nodes registered an hour before.
+var now = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+
 // healthy returns the State of a cluster where everything works.
 func healthy(t *testing.T) *State {
 	t.Helper()
@@ -59,6 +63,7 @@ func healthy(t *testing.T) *State {
 				InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true)}},
 		},
 		Managed: true,
+		Now:     now,
 	}
 	s.Ingresses = []guestnetv1.GuestIngress{readyIngress()}
 	s.Admission = map[string]policy.Decision{"web": policy.Admit(policy.Input{
@@ -89,6 +94,13 @@ func healthy(t *testing.T) *State {
 	s.Services[0].Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "10.2.6.220"}}
 
 	s.Guest = &Guest{Source: "Secret k0smotron/tenant-a-kubeconfig", Version: "v1.37.2", Services: guestServices()}
+	// Each worker's Node: named after its machine, providerID set by CAPK, its VM's pod IP as
+	// InternalIP (a kubelet with --node-ip=<pod IP>), and its guest Cilium's CiliumNode.
+	for i, ip := range workerIPs {
+		name := machineName(string(rune('a' + i)))
+		s.Guest.Nodes = append(s.Guest.Nodes, guestNode(name, ip, "kubelet"))
+		s.Guest.CiliumNodes = append(s.Guest.CiliumNodes, CiliumNode{Name: name, InternalIPs: []string{ip}})
+	}
 	s.Guest.Observed.ValidatingWebhooks = []admissionregistrationv1.ValidatingWebhookConfiguration{*bridgedValidating(t)}
 	s.Guest.Observed.APIServices = []apiregistrationv1.APIService{
 		*bridgedAPIService(t, apiregistrationv1.ConditionTrue),
@@ -104,12 +116,36 @@ func workerPod(suffix, ip string, ready bool) corev1.Pod {
 		status = corev1.ConditionFalse
 	}
 	labels := virtlauncher.WorkerSelector(ns, clusterName)
-	labels["kubevirt.io/vm"] = "tenant-a-md-0-" + suffix
+	labels["vm.kubevirt.io/name"] = machineName(suffix)
 	return corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "virt-launcher-tenant-a-md-0-" + suffix, Labels: labels, UID: types.UID("uid-" + ip)},
-		Status: corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning,
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "virt-launcher-tenant-a-md-0-" + suffix, Labels: labels, UID: types.UID("uid-" + ip),
+			// KubeVirt names the VMI (the KubevirtMachine's name) in this annotation.
+			Annotations: map[string]string{"kubevirt.io/domain": machineName(suffix)}},
+		Status: corev1.PodStatus{PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, Phase: corev1.PodRunning,
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}},
 	}
+}
+
+// machineName is the KubevirtMachine (VM, VMI, guest Node) of worker suffix.
+func machineName(suffix string) string { return "tenant-a-md-0-" + suffix }
+
+// guestNode is a guest Node registered an hour ago with providerID kubevirt://<name>,
+// InternalIP ip (none when empty) and a Hostname address, its addresses written by the field
+// manager writer (none when empty).
+func guestNode(name, ip, writer string) corev1.Node {
+	n := corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))},
+		Spec:       corev1.NodeSpec{ProviderID: "kubevirt://" + name},
+	}
+	if ip != "" {
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
+	}
+	n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: name})
+	if writer != "" {
+		n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: writer, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", APIVersion: "v1",
+			FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:addresses":{}}}`)}}
+	}
+	return n
 }
 
 // workers is the cluster's one MachineDeployment whose template declares declared

@@ -24,6 +24,10 @@ const (
 	rbOrphaned            = runbookDoc + "#bridge-gone"
 	rbManager             = runbookDoc + "#manager-not-reconciling"
 	rbNotAdmitted         = runbookDoc + "#ingress-not-admitted"
+	rbNodeAddress         = runbookDoc + "#node-address"
+	rbNodeUninitialized   = runbookDoc + "#node-uninitialized"
+	rbKubeletNotExternal  = runbookDoc + "#kubelet-not-external"
+	rbCiliumNodeIP        = runbookDoc + "#cilium-node-ip"
 )
 
 // Fixes shared by several checks, in the runbook's words.

@@ -1,8 +1,11 @@
 package diagnose
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -47,6 +50,14 @@ type State struct {
 	Admission    map[string]policy.Decision
 	AdmissionErr error
 	Bridges      []guestnetv1.GuestWebhookBridge
+	// NodeIdentities are the cluster's GuestNodeIdentities: with one, guestnet initializes
+	// the guest Nodes (docs/node-identity.md); nil when there is none or the host does not
+	// serve the kind.
+	NodeIdentities []guestnetv1.GuestNodeIdentity
+
+	// Now is when the State was read: a Node tainted uninitialized for less than
+	// uninitializedGrace is still being initialized.
+	Now time.Time
 
 	// Guest is what was read from the guest; nil when the Cluster is not provisioned (no
 	// guest apiserver to ask).
@@ -77,6 +88,28 @@ type Guest struct {
 	// Egress is the guest apiserver's reach of the webhooks' Services through its `cluster`
 	// egress (service proxy GETs), read only when there are agents.
 	Egress []bridge.EgressCheck
+	// Nodes are the guest's Nodes, trimmed to what the node checks read
+	// (nodeidentity.TrimNode), at most maxGuestNodes of them (NodesTruncated: there are
+	// more). NodesErr says why they could not be read; the rest of the guest is read anyway.
+	Nodes          []corev1.Node
+	NodesTruncated bool
+	NodesErr       error
+	// CiliumNodes are the guest Cilium's CiliumNodes (cilium.io/v2), reduced to their
+	// InternalIPs; nil when the guest does not serve the kind (no Cilium). CiliumNodesErr says
+	// why they could not be read.
+	CiliumNodes    []CiliumNode
+	CiliumNodesErr error
+}
+
+// CiliumNodeGVK is the guest Cilium's CiliumNode: one per Node, named after it, cluster-scoped.
+var CiliumNodeGVK = schema.GroupVersionKind{Group: "cilium.io", Version: "v2", Kind: "CiliumNode"}
+
+// CiliumNode is what the checks read of a guest CiliumNode: its name (its Node's) and the
+// addresses of type InternalIP of its spec.addresses, those the agent read at its start and
+// its peers tunnel to.
+type CiliumNode struct {
+	Name        string
+	InternalIPs []string
 }
 
 // ProbeOutcome is one probe of a target, from where diagnose runs.
