@@ -11,7 +11,6 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	gomegatypes "github.com/onsi/gomega/types"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -627,7 +626,7 @@ func (e *topologyEnv) eventuallyDeclared(cluster *clusterv1.Cluster, previous st
 // config template (K0sWorkerConfigTemplate) whose k0s worker args are want.
 func (e *topologyEnv) eventuallyWorkerArgs(cluster *clusterv1.Cluster, want []string) {
 	e.t.Helper()
-	var match gomegatypes.GomegaMatcher = Equal(want)
+	match := Equal(want)
 	if want == nil {
 		match = BeEmpty()
 	}
