@@ -373,11 +373,13 @@ func TestClusterctlTemplateFlavors(t *testing.T) {
 
 // The topology flavor, applied next to the ClusterClass with the real CAPI running (its
 // Cluster webhook validates the flavor's variables, its topology controller evaluates the
-// ClusterClass's patch with them, e2e/templates_test.go), makes the workers declare exactly
+// ClusterClass's patches with them, e2e/templates_test.go), makes the workers declare exactly
 // what guestnet requires for the flavor's GuestIngress and GuestWebhookBridge (as the
 // apiserver stores them), with the guest Cilium's default VXLAN tunnel: what their
 // PortsDeclared condition checks. The default flavor's worker template is one guestnet's worker
-// ports controller can declare ports on (masquerade, no ports list yet).
+// ports controller can declare ports on (masquerade, no ports list yet). Both flavors opt in to
+// node identity: their workers' bootstrap config runs the kubelet in external cloud-provider
+// mode (for the topology flavor, through the ClusterClass's patch on guestnet.nodeIdentity).
 func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 	e := newTopologyEnv(t, "flavor-ports")
 	g := e.g
@@ -428,6 +430,13 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(after.State).To(Equal(ports.PortsDeclared), "%s", after)
 	g.Expect(after.Declared).To(Equal(want.Ports()), "the workers declare what guestnet requires (%s), nothing else", want)
+	g.Expect(kindsOf(objs)).To(ContainElement("GuestNodeIdentity"))
+	bootstrap := &unstructured.Unstructured{}
+	bootstrap.SetGroupVersionKind(lab.WorkerConfigTemplateGVK)
+	g.Eventually(func(g Gomega) []string {
+		g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: w.MachineDeployment.Spec.Template.Spec.Bootstrap.ConfigRef.Name}, bootstrap)).To(Succeed())
+		return workerArgs(g, bootstrap)
+	}).Should(Equal([]string{"--enable-cloud-provider"}), "guestnet.nodeIdentity: the kubelets run in external cloud-provider mode")
 
 	plain, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template.yaml"), e.ns)
 	var worker *unstructured.Unstructured
@@ -440,6 +449,30 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 	before, err := ports.Analyze(worker, required(plain))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(before.State).To(Equal(ports.AllPortsForwarded), "masquerade, no ports list: guestnet declares them")
+	g.Expect(kindsOf(plain)).To(ContainElement("GuestNodeIdentity"))
+	bootstraps := 0
+	for _, o := range plain {
+		if o.GroupVersionKind() == lab.WorkerConfigTemplateGVK {
+			bootstraps++
+			g.Expect(workerArgs(g, o)).To(Equal([]string{"--enable-cloud-provider"}), "the GuestNodeIdentity's kubelets run in external cloud-provider mode")
+		}
+	}
+	g.Expect(bootstraps).To(Equal(1))
+}
+
+// workerArgs are the k0s worker args of a K0sWorkerConfigTemplate.
+func workerArgs(g Gomega, tmpl *unstructured.Unstructured) []string {
+	args, _, err := unstructured.NestedStringSlice(tmpl.Object, "spec", "template", "spec", "args")
+	g.Expect(err).NotTo(HaveOccurred())
+	return args
+}
+
+func kindsOf(objs []*unstructured.Unstructured) []string {
+	var kinds []string
+	for _, o := range objs {
+		kinds = append(kinds, o.GetKind())
+	}
+	return kinds
 }
 
 // Kinds the templates use whose CRDs the lab does not install (k0smotron's: see

@@ -251,10 +251,43 @@ webhookBridge: {apiServices: {all: true}}`,
 	}
 }
 
-// The schema of guestnet.ingress and guestnet.webhookBridge is a faithful subset of the CRDs:
-// every value CAPI's Cluster webhook accepts (validated against the status.variables its
-// ClusterClass controller computed), the apiserver accepts as the GuestIngress and
-// GuestWebhookBridge guestnet's topology controller applies; and the CRDs' rules are all in
+// guestnet.nodeIdentity, an empty object included, makes CAPI's topology controller run the
+// workers' kubelets in external cloud-provider mode: the bootstrap config template of the
+// MachineDeployment gets k0s's --enable-cloud-provider in its args; without it (no variable,
+// or a value without nodeIdentity) the class's template stays as it is, and removing it takes
+// the argument away again. No guestnet manager runs: only CAPI's patch is looked at.
+func TestClusterClassNodeIdentityRunsTheKubeletsExternal(t *testing.T) {
+	e := newTopologyEnv(t, "clusterclass-kubelet")
+	e.createClusterClass()
+	external := []string{"--enable-cloud-provider"}
+	tests := []struct {
+		name  string
+		value any
+		want  []string
+	}{
+		{name: "the opt-in alone", value: yamlValue(t, `nodeIdentity: {}`), want: external},
+		{name: "nodeAddresses External", value: yamlValue(t, "workerPorts: [{port: 8472, protocol: UDP}]\nnodeIdentity: {nodeAddresses: External}"), want: external},
+		{name: "no nodeIdentity", value: yamlValue(t, `workerPorts: [{port: 8472, protocol: UDP}]`)},
+		{name: "no variable"},
+	}
+	clusters := make([]*clusterv1.Cluster, len(tests))
+	for i, tc := range tests {
+		clusters[i] = e.createCluster(fmt.Sprintf("tenant-%d", i), tc.value, 1)
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := e.forSubtest(t)
+			e.eventuallyWorkerArgs(clusters[i], tc.want)
+		})
+	}
+	e.setVariable(clusters[0], yamlValue(t, `workerPorts: [{port: 8472, protocol: UDP}]`))
+	e.eventuallyWorkerArgs(clusters[0], nil)
+}
+
+// The schema of guestnet.ingress, guestnet.webhookBridge and guestnet.nodeIdentity is a
+// faithful subset of the CRDs: every value CAPI's Cluster webhook accepts (validated against
+// the status.variables its ClusterClass controller computed), the apiserver accepts as the
+// GuestIngress, GuestWebhookBridge and GuestNodeIdentity guestnet's topology controller applies; and the CRDs' rules are all in
 // the schema, so CAPI already refuses what the apiserver would (a Cluster is refused at once,
 // instead of an event later). Only the fields the variable leaves out (clusterName,
 // declarePorts) are refused by CAPI and not by the CRDs.
@@ -265,9 +298,10 @@ func TestClusterClassVariableSchemaIsASubsetOfTheCRDs(t *testing.T) {
 	const lb = `loadBalancer: {ip: 10.2.6.220}`
 	const svc = `guestService: {namespace: projectcontour, name: envoy}`
 	tests := []struct {
-		name    string
-		ingress string // the value of guestnet.ingress (YAML), empty for none
-		bridge  string // the value of guestnet.webhookBridge (YAML), empty for none
+		name     string
+		ingress  string // the value of guestnet.ingress (YAML), empty for none
+		bridge   string // the value of guestnet.webhookBridge (YAML), empty for none
+		identity string // the value of guestnet.nodeIdentity (YAML), empty for none
 		// wantCAPI and wantCRD: whether CAPI's validation and the apiserver accept it.
 		wantCAPI, wantCRD bool
 	}{
@@ -336,6 +370,12 @@ mode: Always`},
 		{name: "range of 65", bridge: "apiServices: {all: true}\nnodePortRange: {start: 30000, size: 65}"},
 		{name: "range without size", bridge: "apiServices: {all: true}\nnodePortRange: {start: 30000}"},
 		{name: "bad mode", bridge: "apiServices: {all: true}\nmode: Sometimes"},
+
+		{name: "node identity: the opt-in alone", wantCAPI: true, wantCRD: true, identity: `{}`},
+		{name: "node identity: External", wantCAPI: true, wantCRD: true, identity: `nodeAddresses: External`},
+		{name: "node identity: bad nodeAddresses", identity: `nodeAddresses: Sometimes`},
+		{name: "node identity: unknown field", identity: `foo: bar`},
+		{name: "node identity: clusterName (left out of the variable)", wantCRD: true, identity: `clusterName: other`},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,6 +386,9 @@ mode: Always`},
 			}
 			if tc.bridge != "" {
 				value[topology.WebhookBridgeField] = yamlValue(t, tc.bridge)
+			}
+			if tc.identity != "" {
+				value[topology.NodeIdentityField] = yamlValue(t, tc.identity)
 			}
 			cluster := e.topologyCluster(fmt.Sprintf("tenant-%d", i), value, 1)
 			// As a user creates it, through CAPI's webhooks; nothing is stored.
@@ -363,6 +406,9 @@ mode: Always`},
 			}
 			if variable.WebhookBridge != nil {
 				crdErrs = append(crdErrs, dryRunApply(e.ctx, e.c, topology.Desired(topology.GuestWebhookBridgeKind, cluster, variable.WebhookBridge, ""), nil))
+			}
+			if variable.NodeIdentity != nil {
+				crdErrs = append(crdErrs, dryRunApply(e.ctx, e.c, topology.Desired(topology.GuestNodeIdentityKind, cluster, variable.NodeIdentity, ""), nil))
 			}
 			crdOK := true
 			for _, err := range crdErrs {
@@ -574,6 +620,25 @@ func (e *topologyEnv) eventuallyDeclared(cluster *clusterv1.Cluster, previous st
 		g.Expect(w.Analysis.Declared).To(Equal(required.Ports()), "exactly the required ports, each once, in port order")
 	}).Should(Succeed())
 	return name
+}
+
+// eventuallyWorkerArgs waits until the Cluster's MachineDeployment refers to a bootstrap
+// config template (K0sWorkerConfigTemplate) whose k0s worker args are want.
+func (e *topologyEnv) eventuallyWorkerArgs(cluster *clusterv1.Cluster, want []string) {
+	e.t.Helper()
+	match := Equal(want)
+	if want == nil {
+		match = BeEmpty()
+	}
+	e.g.Eventually(func(g Gomega) []string {
+		mds := &clusterv1.MachineDeploymentList{}
+		g.Expect(e.c.List(e.ctx, mds, client.InNamespace(e.ns), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name})).To(Succeed())
+		g.Expect(mds.Items).To(HaveLen(1))
+		tmpl := &unstructured.Unstructured{}
+		tmpl.SetGroupVersionKind(lab.WorkerConfigTemplateGVK)
+		g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: mds.Items[0].Spec.Template.Spec.Bootstrap.ConfigRef.Name}, tmpl)).To(Succeed())
+		return workerArgs(g, tmpl)
+	}).Should(match, "k0s worker args of Cluster %s", cluster.Name)
 }
 
 // machineSetTemplates maps the infrastructure template of each of the Cluster's MachineSets

@@ -4,10 +4,11 @@
 //
 // A ClusterClass that publishes the `guestnet` variable (templates/clusterclass-kubevirt-guestnet.yaml)
 // lets a Cluster carry, in spec.topology.variables, the specs of its GuestIngress
-// (guestnet.ingress) and GuestWebhookBridge (guestnet.webhookBridge). This controller creates,
-// updates and deletes those two objects, both named after the Cluster in its namespace, from
-// that one value; the ClusterClass's own patch declares the ports they need on the workers
-// from the same value. CAPI's topology controller and guestnet therefore read one source and
+// (guestnet.ingress), GuestWebhookBridge (guestnet.webhookBridge) and GuestNodeIdentity
+// (guestnet.nodeIdentity). This controller creates, updates and deletes those objects, all
+// named after the Cluster in its namespace, from that one value; the ClusterClass's own
+// patches declare the ports they need on the workers and turn on the kubelets' external
+// cloud-provider mode for node identity, from the same value. CAPI's topology controller and guestnet therefore read one source and
 // never write each other's objects: the MachineDeployments and worker templates stay CAPI's,
 // the guestnet objects are this controller's (server-side apply, field manager
 // guestnet-topology, the Cluster as controller owner, label
@@ -42,7 +43,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/predicates"
 
-	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 )
@@ -50,14 +50,14 @@ import (
 // controllerName names the controller and its events.
 const controllerName = "topologyvariables"
 
-// Reconciler manages the GuestIngress and GuestWebhookBridge of each ClusterClass-based Cluster
-// from its guestnet topology variable.
+// Reconciler manages the GuestIngress, GuestWebhookBridge and GuestNodeIdentity of each
+// ClusterClass-based Cluster from its guestnet topology variable.
 type Reconciler struct {
 	Client client.Client
 
 	// WatchFilterValue, when set, limits the controller to Clusters labelled
 	// cluster.x-k8s.io/watch-filter=<value>; the objects it creates carry the label too, so
-	// that the GuestIngress and GuestWebhookBridge controllers of the same instance see them.
+	// that the controllers of their kinds in the same instance see them.
 	WatchFilterValue string
 
 	recorder events.EventRecorder
@@ -67,12 +67,12 @@ type Reconciler struct {
 type scope struct {
 	cluster *clusterv1.Cluster
 	// variable is the cluster-level value of the guestnet variable; its zero value (no
-	// ingress, no webhookBridge) when the Cluster has none.
+	// part at all) when the Cluster has none.
 	variable Variable
 }
 
 // SetupWithManager registers the controller: it reconciles Clusters whose spec, labels or
-// annotations (pause) change, and is woken by every GuestIngress and GuestWebhookBridge named
+// annotations (pause) change, and is woken by every object of the kinds it manages named
 // like a Cluster whose spec, labels, owners or deletion change (its own objects changed or
 // deleted by someone else, and objects of other owners that block or unblock a name).
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
@@ -80,17 +80,16 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		return errors.New("topology: Client must not be nil")
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
-	err := ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
 		For(&clusterv1.Cluster{}, builder.WithPredicates(
 			predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue),
 			predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}),
-		)).
-		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(clusterOfTheSameName), builder.WithPredicates(objectChanged())).
-		Watches(&guestnetv1.GuestWebhookBridge{}, handler.EnqueueRequestsFromMapFunc(clusterOfTheSameName), builder.WithPredicates(objectChanged())).
-		WithOptions(options).
-		Complete(r)
-	if err != nil {
+		))
+	for _, k := range managedKinds {
+		b = b.Watches(k.newObject(), handler.EnqueueRequestsFromMapFunc(clusterOfTheSameName), builder.WithPredicates(objectChanged()))
+	}
+	if err := b.WithOptions(options).Complete(r); err != nil {
 		return err
 	}
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
@@ -99,14 +98,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 // The Clusters whose topology variable is read.
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
-// The GuestIngress and GuestWebhookBridge made from it: server-side applied (create, patch),
-// deleted when the variable drops them.
-// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses;guestwebhookbridges,verbs=get;list;watch;create;patch;delete
+// The GuestIngress, GuestWebhookBridge and GuestNodeIdentity made from it: server-side
+// applied (create, patch; never updated), deleted when the variable drops them.
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses;guestwebhookbridges;guestnodeidentities,verbs=get;list;watch;create;patch;delete
 // Events on the Cluster: objects created, updated, deleted, conflicts and refused values.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Reconcile makes the Cluster's GuestIngress and GuestWebhookBridge match its guestnet
-// topology variable.
+// Reconcile makes the Cluster's GuestIngress, GuestWebhookBridge and GuestNodeIdentity match
+// its guestnet topology variable.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	cluster, err := clusterscope.GetCluster(ctx, r.Client, req.Namespace, req.Name)
 	if err != nil || cluster == nil {
@@ -140,14 +139,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	s := &scope{cluster: cluster, variable: variable}
 
 	var errs []error
-	for _, kind := range []string{GuestIngressKind, GuestWebhookBridgeKind} {
-		errs = append(errs, r.reconcileObject(ctx, s, kind))
+	for _, k := range managedKinds {
+		errs = append(errs, r.reconcileObject(ctx, s, k))
 	}
 	return ctrl.Result{}, kerrors.NewAggregate(errs)
 }
 
-// clusterOfTheSameName maps a GuestIngress or GuestWebhookBridge to the Cluster whose
-// variable would make an object of its name.
+// clusterOfTheSameName maps an object of a managed kind to the Cluster whose variable would
+// make an object of its name.
 func clusterOfTheSameName(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
 }

@@ -154,6 +154,49 @@ mode: Always`}))
 	e.eventuallyEvent(cluster, corev1.EventTypeNormal, topology.ReasonDeleted, "Deleted GuestWebhookBridge tenant-a: the topology variable guestnet has no webhookBridge any more")
 }
 
+// guestnet.nodeIdentity makes the Cluster's GuestNodeIdentity as ingress makes its
+// GuestIngress: an empty object is the opt-in (the CRD defaults nodeAddresses to Managed), a
+// change updates it in place, a value the CRD refuses changes nothing, removing the field
+// deletes it; one the variable did not make is never touched.
+func TestTopologyVariableNodeIdentity(t *testing.T) {
+	e := newEnv(t, setupTopologyVariables)
+	cluster := e.createCluster("tenant-a", value(map[string]string{"nodeIdentity": `{}`}))
+	gni := e.eventuallyNodeIdentity(cluster, func(Gomega, *guestnetv1.GuestNodeIdentity) {})
+	e.g.Expect(gni.Spec).To(Equal(guestnetv1.GuestNodeIdentitySpec{ClusterName: "tenant-a", NodeAddresses: guestnetv1.NodeAddressesManaged}))
+	e.expectMadeFromTheVariable(cluster, gni)
+	e.eventuallyEvent(cluster, corev1.EventTypeNormal, topology.ReasonCreated, "Created GuestNodeIdentity tenant-a from the topology variable guestnet.nodeIdentity")
+	e.expectAbsent(&guestnetv1.GuestIngress{}, "tenant-a")
+
+	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: External}`}))
+	updated := e.eventuallyNodeIdentity(cluster, func(g Gomega, gni *guestnetv1.GuestNodeIdentity) {
+		g.Expect(gni.Spec.NodeAddresses).To(Equal(guestnetv1.NodeAddressesExternal))
+	})
+	e.g.Expect(updated.UID).To(Equal(gni.UID), "updated in place")
+	e.eventuallyEvent(cluster, corev1.EventTypeNormal, topology.ReasonUpdated, "Updated GuestNodeIdentity tenant-a from the topology variable guestnet.nodeIdentity")
+
+	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: Sometimes}`}))
+	e.eventuallyEvent(cluster, corev1.EventTypeWarning, topology.ReasonVariableInvalid,
+		"guestnet.nodeIdentity is not a valid GuestNodeIdentity spec: ", "spec.nodeAddresses", "GuestNodeIdentity tenant-a keeps its current spec")
+	e.expectUnchanged(updated, &guestnetv1.GuestNodeIdentity{})
+
+	e.setVariable(cluster, value(map[string]string{"workerPorts": `[{port: 8472, protocol: UDP}]`}))
+	e.eventuallyGone(&guestnetv1.GuestNodeIdentity{}, "tenant-a")
+	e.eventuallyEvent(cluster, corev1.EventTypeNormal, topology.ReasonDeleted, "Deleted GuestNodeIdentity tenant-a: the topology variable guestnet has no nodeIdentity any more")
+
+	// Someone else's GuestNodeIdentity of the Cluster: left alone, with or without the field.
+	users := &guestnetv1.GuestNodeIdentity{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "tenant-a"},
+		Spec:       guestnetv1.GuestNodeIdentitySpec{ClusterName: "tenant-a"},
+	}
+	e.g.Expect(e.c.Create(e.ctx, users)).To(Succeed())
+	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: External}`}))
+	e.eventuallyEvent(cluster, corev1.EventTypeWarning, topology.ReasonConflict,
+		"GuestNodeIdentity "+e.ns+"/tenant-a exists and was not made from the topology variable")
+	e.expectUnchanged(users, &guestnetv1.GuestNodeIdentity{})
+	e.setVariable(cluster, nil)
+	e.expectUnchanged(users, &guestnetv1.GuestNodeIdentity{})
+}
+
 // A GuestIngress or GuestWebhookBridge named like the Cluster that the variable did not make
 // (no label, or not owned by the Cluster) is never changed nor deleted; the Cluster gets a
 // Warning event. Once the user deletes theirs, the variable's is created.
@@ -394,6 +437,16 @@ func (e *env) eventuallyBridge(cluster *clusterv1.Cluster, check func(Gomega, *g
 		check(g, gwb)
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	return gwb
+}
+
+func (e *env) eventuallyNodeIdentity(cluster *clusterv1.Cluster, check func(Gomega, *guestnetv1.GuestNodeIdentity)) *guestnetv1.GuestNodeIdentity {
+	e.t.Helper()
+	gni := &guestnetv1.GuestNodeIdentity{}
+	e.g.Eventually(func(g Gomega) {
+		g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: cluster.Name}, gni)).To(Succeed())
+		check(g, gni)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	return gni
 }
 
 // expectMadeFromTheVariable checks the marks of the controller's objects: the label, CAPI's

@@ -11,15 +11,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ssa"
 )
 
 // Event reasons, on the Cluster.
 const (
-	// ReasonCreated, ReasonUpdated, ReasonDeleted: a GuestIngress or GuestWebhookBridge was
-	// created, its spec changed, or it was deleted, following the variable.
+	// ReasonCreated, ReasonUpdated, ReasonDeleted: a GuestIngress, GuestWebhookBridge or
+	// GuestNodeIdentity was created, its spec changed, or it was deleted, following the
+	// variable.
 	ReasonCreated = "TopologyObjectCreated"
 	ReasonUpdated = "TopologyObjectUpdated"
 	ReasonDeleted = "TopologyObjectDeleted"
@@ -33,22 +33,22 @@ const (
 	eventAction = "ApplyTopologyVariable"
 )
 
-// reconcileObject makes the Cluster's object of kind follow the variable: applied when the
+// reconcileObject makes the Cluster's object of kind k follow the variable: applied when the
 // variable has its part, deleted (when it is this controller's) when it has not.
-func (r *Reconciler) reconcileObject(ctx context.Context, s *scope, kind string) error {
-	live, err := r.getLive(ctx, s, kind)
+func (r *Reconciler) reconcileObject(ctx context.Context, s *scope, k managedKind) error {
+	live, err := r.getLive(ctx, s, k)
 	if err != nil {
 		return err
 	}
-	spec := specOf(s.variable, kind)
+	spec := k.spec(s.variable)
 	if spec == nil {
-		return r.deleteOwned(ctx, s, kind, live)
+		return r.deleteOwned(ctx, s, k, live)
 	}
 	if live != nil && !Owns(s.cluster, live) {
 		r.recorder.Eventf(s.cluster, live, corev1.EventTypeWarning, ReasonConflict, eventAction,
 			"%s %s/%s exists and was not made from the topology variable (it lacks the label %s=%s or this Cluster as controller owner): "+
 				"guestnet leaves it alone and does not apply %s.%s; delete or rename it, or remove %s from the variable",
-			kind, live.GetNamespace(), live.GetName(), ManagedLabel, ManagedValue, VariableName, fieldOf(kind), fieldOf(kind))
+			k.kind, live.GetNamespace(), live.GetName(), ManagedLabel, ManagedValue, VariableName, k.field, k.field)
 		return nil
 	}
 	if live != nil && !live.GetDeletionTimestamp().IsZero() {
@@ -56,26 +56,18 @@ func (r *Reconciler) reconcileObject(ctx context.Context, s *scope, kind string)
 		// Cluster back, and then it is created again.
 		return nil
 	}
-	return r.apply(ctx, s, kind, spec, live)
+	return r.apply(ctx, s, k, spec, live)
 }
 
-// getLive reads the Cluster's object of kind from the cache; nil when there is none.
-func (r *Reconciler) getLive(ctx context.Context, s *scope, kind string) (client.Object, error) {
-	var obj client.Object
-	switch kind {
-	case GuestIngressKind:
-		obj = &guestnetv1.GuestIngress{}
-	case GuestWebhookBridgeKind:
-		obj = &guestnetv1.GuestWebhookBridge{}
-	default:
-		return nil, fmt.Errorf("unknown kind %s", kind)
-	}
+// getLive reads the Cluster's object of kind k from the cache; nil when there is none.
+func (r *Reconciler) getLive(ctx context.Context, s *scope, k managedKind) (client.Object, error) {
+	obj := k.newObject()
 	key := client.ObjectKey{Namespace: s.cluster.Namespace, Name: ObjectName(s.cluster)}
 	if err := r.Client.Get(ctx, key, obj); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("getting %s %s: %w", kind, key, err)
+		return nil, fmt.Errorf("getting %s %s: %w", k.kind, key, err)
 	}
 	return obj, nil
 }
@@ -84,7 +76,8 @@ func (r *Reconciler) getLive(ctx context.Context, s *scope, kind string) (client
 // with the request: should it have been replaced by someone else's since the cache saw it,
 // the apiserver refuses the change (metadata.uid is immutable) instead of taking it over. A
 // refused value leaves the object as it is, and is reported with the apiserver's message.
-func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[string]any, live client.Object) error {
+func (r *Reconciler) apply(ctx context.Context, s *scope, k managedKind, spec map[string]any, live client.Object) error {
+	kind := k.kind
 	desired := Desired(kind, s.cluster, spec, r.WatchFilterValue)
 	if live != nil {
 		desired.SetUID(live.GetUID())
@@ -96,7 +89,7 @@ func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[
 			outcome = fmt.Sprintf("%s %s keeps its current spec", kind, live.GetName())
 		}
 		r.recorder.Eventf(s.cluster, live, corev1.EventTypeWarning, ReasonVariableInvalid, eventAction,
-			"%s.%s is not a valid %s spec: %s; %s", VariableName, fieldOf(kind), kind, ssa.APIErrorMessage(err), outcome)
+			"%s.%s is not a valid %s spec: %s; %s", VariableName, k.field, kind, ssa.APIErrorMessage(err), outcome)
 		return nil
 	}
 	if err != nil {
@@ -107,10 +100,10 @@ func (r *Reconciler) apply(ctx context.Context, s *scope, kind string, spec map[
 	switch {
 	case live == nil:
 		record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonCreated, Action: eventAction,
-			Object: desired, Note: fmt.Sprintf("Created %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))})
+			Object: desired, Note: fmt.Sprintf("Created %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, k.field)})
 	case desired.GetGeneration() != live.GetGeneration():
 		record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonUpdated, Action: eventAction,
-			Object: desired, Note: fmt.Sprintf("Updated %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, fieldOf(kind))})
+			Object: desired, Note: fmt.Sprintf("Updated %s %s from the topology variable %s.%s", kind, desired.GetName(), VariableName, k.field)})
 	}
 	return nil
 }
@@ -129,7 +122,8 @@ func refused(err error) bool {
 
 // deleteOwned deletes live when it is this controller's: the variable no longer has its part.
 // Someone else's object is not touched.
-func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, kind string, live client.Object) error {
+func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, k managedKind, live client.Object) error {
+	kind := k.kind
 	if live == nil || !Owns(s.cluster, live) || !live.GetDeletionTimestamp().IsZero() {
 		return nil
 	}
@@ -141,6 +135,6 @@ func (r *Reconciler) deleteOwned(ctx context.Context, s *scope, kind string, liv
 		return fmt.Errorf("deleting %s %s/%s: %w", kind, live.GetNamespace(), live.GetName(), err)
 	}
 	record.Written(ctx, r.recorder, s.cluster, record.Write{Type: corev1.EventTypeNormal, Reason: ReasonDeleted, Action: eventAction,
-		Object: live, Note: fmt.Sprintf("Deleted %s %s: the topology variable %s has no %s any more", kind, live.GetName(), VariableName, fieldOf(kind))})
+		Object: live, Note: fmt.Sprintf("Deleted %s %s: the topology variable %s has no %s any more", kind, live.GetName(), VariableName, k.field)})
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -23,6 +24,7 @@ const VariableName = "guestnet"
 const (
 	IngressField       = "ingress"
 	WebhookBridgeField = "webhookBridge"
+	NodeIdentityField  = "nodeIdentity"
 )
 
 // FieldManager is the server-side apply field manager of the objects this controller writes.
@@ -39,18 +41,20 @@ const (
 )
 
 // Variable is the cluster-level value of the guestnet topology variable, as far as this
-// controller is concerned: the specs (without clusterName) of the cluster's GuestIngress and
-// GuestWebhookBridge, nil when the value has no such field (or it is null).
+// controller is concerned: the specs (without clusterName) of the cluster's GuestIngress,
+// GuestWebhookBridge and GuestNodeIdentity, nil when the value has no such field (or it is
+// null). An empty object is a part all the same: for nodeIdentity, the opt-in alone.
 type Variable struct {
 	Ingress       map[string]any
 	WebhookBridge map[string]any
+	NodeIdentity  map[string]any
 }
 
 // VariableOf reads the guestnet variable from the Cluster's spec.topology.variables (the
 // cluster-level value; per-MachineDeployment overrides only change that MachineDeployment's
 // worker template, through the ClusterClass patch). found is false when the Cluster has no
-// topology or no such variable. A value that is not an object, or whose ingress or
-// webhookBridge is not an object, is an error: the caller changes nothing.
+// topology or no such variable. A value that is not an object, or whose ingress,
+// webhookBridge or nodeIdentity is not an object, is an error: the caller changes nothing.
 func VariableOf(cluster *clusterv1.Cluster) (v Variable, found bool, err error) {
 	if !cluster.Spec.Topology.IsDefined() {
 		return v, false, nil
@@ -66,11 +70,10 @@ func VariableOf(cluster *clusterv1.Cluster) (v Variable, found bool, err error) 
 		if err := utiljson.Unmarshal(cv.Value.Raw, &value); err != nil {
 			return v, true, fmt.Errorf("the value of topology variable %s is not an object: %w", VariableName, err)
 		}
-		if v.Ingress, err = objectField(value, IngressField); err != nil {
-			return v, true, err
-		}
-		if v.WebhookBridge, err = objectField(value, WebhookBridgeField); err != nil {
-			return v, true, err
+		for _, k := range managedKinds {
+			if *k.part(&v), err = objectField(value, k.field); err != nil {
+				return v, true, err
+			}
 		}
 		return v, true, nil
 	}
@@ -93,18 +96,45 @@ func objectField(value map[string]any, field string) (map[string]any, error) {
 const (
 	GuestIngressKind       = "GuestIngress"
 	GuestWebhookBridgeKind = "GuestWebhookBridge"
+	GuestNodeIdentityKind  = "GuestNodeIdentity"
 )
 
-// ObjectName is the name of the GuestIngress and of the GuestWebhookBridge made from a
-// Cluster's variable: the Cluster's name, in the Cluster's namespace.
+// managedKind is one kind this controller makes from the variable: the field of the value
+// that holds its spec, where a Variable keeps it, and an empty object of the kind.
+type managedKind struct {
+	kind      string
+	field     string
+	part      func(*Variable) *map[string]any
+	newObject func() client.Object
+}
+
+// spec returns the part of v for the kind.
+func (k managedKind) spec(v Variable) map[string]any { return *k.part(&v) }
+
+// managedKinds lists every kind this controller manages, in the order a reconcile handles
+// them; everything kind-specific is here.
+var managedKinds = []managedKind{
+	{kind: GuestIngressKind, field: IngressField,
+		part:      func(v *Variable) *map[string]any { return &v.Ingress },
+		newObject: func() client.Object { return &guestnetv1.GuestIngress{} }},
+	{kind: GuestWebhookBridgeKind, field: WebhookBridgeField,
+		part:      func(v *Variable) *map[string]any { return &v.WebhookBridge },
+		newObject: func() client.Object { return &guestnetv1.GuestWebhookBridge{} }},
+	{kind: GuestNodeIdentityKind, field: NodeIdentityField,
+		part:      func(v *Variable) *map[string]any { return &v.NodeIdentity },
+		newObject: func() client.Object { return &guestnetv1.GuestNodeIdentity{} }},
+}
+
+// ObjectName is the name of each object made from a Cluster's variable (its GuestIngress,
+// GuestWebhookBridge and GuestNodeIdentity): the Cluster's name, in the Cluster's namespace.
 func ObjectName(cluster *clusterv1.Cluster) string { return cluster.Name }
 
-// Desired is the object of kind (GuestIngress or GuestWebhookBridge) as this controller
-// server-side applies it for cluster: spec is the variable's part for it, completed with
-// clusterName; labels ManagedLabel, CAPI's cluster-name label and, when the manager runs with
-// a watch filter, the filter label (so that guestnet's other controllers see the object);
-// the Cluster as controller owner (the garbage collector deletes the object with it). The
-// spec is passed on as it is: the CRD validates it, and its defaults apply.
+// Desired is the object of kind (GuestIngress, GuestWebhookBridge or GuestNodeIdentity) as
+// this controller server-side applies it for cluster: spec is the variable's part for it,
+// completed with clusterName; labels ManagedLabel, CAPI's cluster-name label and, when the
+// manager runs with a watch filter, the filter label (so that guestnet's other controllers
+// see the object); the Cluster as controller owner (the garbage collector deletes the object
+// with it). The spec is passed on as it is: the CRD validates it, and its defaults apply.
 func Desired(kind string, cluster *clusterv1.Cluster, spec map[string]any, watchFilterValue string) *unstructured.Unstructured {
 	s := runtime.DeepCopyJSON(spec)
 	s["clusterName"] = cluster.Name
@@ -146,23 +176,4 @@ func Owns(cluster *clusterv1.Cluster, obj metav1.Object) bool {
 	}
 	gv, err := schema.ParseGroupVersion(ref.APIVersion)
 	return err == nil && gv.Group == clusterv1.GroupVersion.Group
-}
-
-// specOf returns the part of v for kind.
-func specOf(v Variable, kind string) map[string]any {
-	switch kind {
-	case GuestIngressKind:
-		return v.Ingress
-	case GuestWebhookBridgeKind:
-		return v.WebhookBridge
-	}
-	return nil
-}
-
-// fieldOf names the variable field that holds kind's spec.
-func fieldOf(kind string) string {
-	if kind == GuestIngressKind {
-		return IngressField
-	}
-	return WebhookBridgeField
 }

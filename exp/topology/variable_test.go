@@ -49,10 +49,23 @@ func TestVariableOf(t *testing.T) {
 				WebhookBridge: map[string]any{"apiServices": map[string]any{"all": true}},
 			},
 		},
-		{name: "null parts are absent", cluster: clusterWithVariables(variable(VariableName, `{"ingress":null,"webhookBridge":null}`)), wantFound: true},
+		{
+			name:      "nodeIdentity: an empty object opts in",
+			cluster:   clusterWithVariables(variable(VariableName, `{"nodeIdentity":{}}`)),
+			wantFound: true,
+			want:      Variable{NodeIdentity: map[string]any{}},
+		},
+		{
+			name:      "nodeIdentity with nodeAddresses",
+			cluster:   clusterWithVariables(variable(VariableName, `{"workerPorts":[{"port":8472,"protocol":"UDP"}],"nodeIdentity":{"nodeAddresses":"External"}}`)),
+			wantFound: true,
+			want:      Variable{NodeIdentity: map[string]any{"nodeAddresses": "External"}},
+		},
+		{name: "null parts are absent", cluster: clusterWithVariables(variable(VariableName, `{"ingress":null,"webhookBridge":null,"nodeIdentity":null}`)), wantFound: true},
 		{name: "not an object", cluster: clusterWithVariables(variable(VariableName, `"x"`)), wantFound: true, wantErr: "is not an object"},
 		{name: "ingress not an object", cluster: clusterWithVariables(variable(VariableName, `{"ingress":[1]}`)), wantFound: true, wantErr: "guestnet.ingress in the Cluster's topology variables must be an object"},
 		{name: "webhookBridge not an object", cluster: clusterWithVariables(variable(VariableName, `{"webhookBridge":true}`)), wantFound: true, wantErr: "guestnet.webhookBridge"},
+		{name: "nodeIdentity not an object", cluster: clusterWithVariables(variable(VariableName, `{"nodeIdentity":"Managed"}`)), wantFound: true, wantErr: "guestnet.nodeIdentity in the Cluster's topology variables must be an object"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,6 +104,37 @@ func TestDesired(t *testing.T) {
 	filtered := Desired(GuestWebhookBridgeKind, cluster, map[string]any{}, "blue")
 	g.Expect(filtered.GetKind()).To(Equal("GuestWebhookBridge"))
 	g.Expect(filtered.GetLabels()).To(HaveKeyWithValue(clusterv1.WatchLabel, "blue"))
+
+	// An empty nodeIdentity (the opt-in alone) still makes a GuestNodeIdentity of the Cluster.
+	identity := Desired(GuestNodeIdentityKind, cluster, map[string]any{}, "")
+	g.Expect(identity.GetKind()).To(Equal("GuestNodeIdentity"))
+	g.Expect(identity.GetName()).To(Equal("tenant-a"))
+	g.Expect(identity.Object["spec"]).To(Equal(map[string]any{"clusterName": "tenant-a"}))
+	g.Expect(Owns(cluster, identity)).To(BeTrue())
+}
+
+// Every kind the controller manages has its field of the variable, its part of a Variable and
+// its (empty) object, and the controller is woken by each.
+func TestManagedKinds(t *testing.T) {
+	g := NewWithT(t)
+	v := Variable{Ingress: map[string]any{"i": 1}, WebhookBridge: map[string]any{"w": 1}, NodeIdentity: map[string]any{"n": 1}}
+	want := map[string]struct {
+		field string
+		spec  map[string]any
+		obj   any
+	}{
+		GuestIngressKind:       {IngressField, v.Ingress, &guestnetv1.GuestIngress{}},
+		GuestWebhookBridgeKind: {WebhookBridgeField, v.WebhookBridge, &guestnetv1.GuestWebhookBridge{}},
+		GuestNodeIdentityKind:  {NodeIdentityField, v.NodeIdentity, &guestnetv1.GuestNodeIdentity{}},
+	}
+	g.Expect(managedKinds).To(HaveLen(len(want)))
+	for _, k := range managedKinds {
+		w, ok := want[k.kind]
+		g.Expect(ok).To(BeTrue(), "unexpected kind %s", k.kind)
+		g.Expect(k.field).To(Equal(w.field), k.kind)
+		g.Expect(k.spec(v)).To(Equal(w.spec), k.kind)
+		g.Expect(k.newObject()).To(Equal(w.obj), k.kind)
+	}
 }
 
 func TestOwns(t *testing.T) {
