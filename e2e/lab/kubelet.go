@@ -3,6 +3,8 @@ package lab
 import (
 	"crypto/tls"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"strings"
@@ -69,7 +71,9 @@ func (w *Worker) ServeKubeletStandIn(usage KubeletUsage) error {
 		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		_, _ = rw.Write([]byte(usage.exposition(started, time.Now())))
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Connections that only check the port (Lab.DialKubelet) end before a TLS handshake: not
+	// worth a log line each.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	go func() {
 		_ = srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
 	}()
