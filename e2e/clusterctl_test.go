@@ -393,7 +393,7 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 	required := func(objs []*unstructured.Unstructured) ports.Set {
 		tunnel, _, err := ports.CiliumTunnel(map[string]string{})
 		g.Expect(err).NotTo(HaveOccurred())
-		set := ports.Base().Union(tunnel)
+		set := ports.Base(false).Union(tunnel) // the flavors' KubevirtCluster is managed by k0smotron: no SSH
 		for _, o := range objs {
 			switch o.GetKind() {
 			case "GuestIngress":

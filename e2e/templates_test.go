@@ -81,7 +81,7 @@ func TestClusterClassAcceptedAndReconciledByCAPI(t *testing.T) {
 // KubevirtCluster marked as k0smotron's (no load balancer of CAPK) and the control plane at
 // the topology's version. Setting it makes guestnet create the GuestIngress and
 // GuestWebhookBridge and CAPI's patch declare on the workers exactly what guestnet requires
-// for them (22/TCP, 10250/TCP, workerPorts, the ingress nodePorts, the bridge range): CAPI
+// for them (10250/TCP, workerPorts, the ingress nodePorts, the bridge range): CAPI
 // writes a new KubevirtMachineTemplate (<cluster>-md-0-<random>), repoints the
 // MachineDeployment and starts a rollout (a new MachineSet on it), and guestnet's reading of
 // the workers (ports.ListWorkers, as the PortsDeclared conditions read them) finds that
@@ -161,7 +161,8 @@ webhookBridge:
 
 // For every value, CAPI's patch declares on the workers exactly what guestnet requires of the
 // GuestIngress and GuestWebhookBridge its topology controller makes from the same value, as
-// the apiserver stores them (CRD defaults included): 22/TCP, 10250/TCP, workerPorts, each
+// the apiserver stores them (CRD defaults included): 10250/TCP (no 22: the class's KubevirtCluster
+// is managed by k0smotron, CAPK never SSHes), workerPorts, each
 // ingress nodePort and the whole bridge range, each once, in port order, and CAPK's CRD
 // accepts the patched template (CAPI creates it). That includes the value the PortsDeclared
 // condition tells users to set (ports.TopologyValue). Without workerPorts the workers keep
@@ -171,7 +172,7 @@ func TestClusterClassPatchDeclaresThePortsOfTheGuestnetObjects(t *testing.T) {
 	e.createClusterClass()
 	e.l.StartManagerBinary(t, lab.ManagerFlags{Namespace: e.ns, WatchFilter: e.filter, FeatureGates: string(feature.ClusterTopologyVariables) + "=true"})
 
-	conditionValue := ports.TopologyValue(ports.Base().Union(ports.NewSet(
+	conditionValue := ports.TopologyValue(ports.Base(false).Union(ports.NewSet(
 		ports.Requirement{Port: ports.UDP(8473)}, ports.Requirement{Port: ports.TCP(30080)}, ports.Requirement{Port: ports.TCP(30443)})).Ports())
 	tests := []struct {
 		name  string
@@ -589,7 +590,7 @@ func (e *topologyEnv) eventuallyDeclared(cluster *clusterv1.Cluster, previous st
 	e.t.Helper()
 	var name string
 	e.g.Eventually(func(g Gomega) {
-		required := ports.Base()
+		required := ports.Base(false)
 		gi, gwb := &guestnetv1.GuestIngress{}, &guestnetv1.GuestWebhookBridge{}
 		key := client.ObjectKeyFromObject(cluster)
 		if err := e.c.Get(e.ctx, key, gi); apierrors.IsNotFound(err) {

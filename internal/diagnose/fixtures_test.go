@@ -77,7 +77,7 @@ func healthy(t *testing.T) *State {
 	}
 	s.Pods = append(s.Pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kmc-tenant-a-0", Labels: map[string]string{"app": "k0smotron"}}})
 
-	required := ports.Base()
+	required := ports.Base(true)
 	for _, gi := range s.Ingresses {
 		required = required.Union(ports.ForGuestIngress(&gi))
 	}

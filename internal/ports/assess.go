@@ -19,19 +19,41 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
 
-// Consumers are the guestnet objects of one cluster whose ports the workers must accept.
+// Consumers are the guestnet objects of one cluster whose ports the workers must accept,
+// and whether CAPK SSHes into its VMs (CAPKWillSSH).
 type Consumers struct {
 	Ingresses []*guestnetv1.GuestIngress
 	Bridges   []*guestnetv1.GuestWebhookBridge
+	// NodeIdentities need the base ports and the guest tunnel's (the kubelet at the node IP,
+	// the tunnel between the Nodes' InternalIPs), which every cluster gets: listed so that a
+	// cluster with only a GuestNodeIdentity has them declared.
+	NodeIdentities []*guestnetv1.GuestNodeIdentity
+	CAPKWillSSH    bool
 }
 
 // Empty reports whether no guestnet object serves the cluster.
-func (c Consumers) Empty() bool { return len(c.Ingresses) == 0 && len(c.Bridges) == 0 }
+func (c Consumers) Empty() bool {
+	return len(c.Ingresses) == 0 && len(c.Bridges) == 0 && len(c.NodeIdentities) == 0
+}
 
-// ListConsumers lists the GuestIngresses and GuestWebhookBridges, not being deleted, that
-// name cluster, in the Cluster's namespace.
+// ListConsumers lists the GuestIngresses, GuestWebhookBridges and GuestNodeIdentities, not
+// being deleted, that name cluster, in the Cluster's namespace, and reads whether CAPK
+// SSHes into its VMs.
 func ListConsumers(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (Consumers, error) {
 	var c Consumers
+	var err error
+	if c.CAPKWillSSH, err = CAPKWillSSH(ctx, host, cluster); err != nil {
+		return c, err
+	}
+	identities := &guestnetv1.GuestNodeIdentityList{}
+	if err := host.List(ctx, identities, client.InNamespace(cluster.Namespace)); err != nil {
+		return c, err
+	}
+	for i := range identities.Items {
+		if gni := &identities.Items[i]; gni.Spec.ClusterName == cluster.Name && gni.DeletionTimestamp.IsZero() {
+			c.NodeIdentities = append(c.NodeIdentities, gni)
+		}
+	}
 	ingresses := &guestnetv1.GuestIngressList{}
 	if err := host.List(ctx, ingresses, client.InNamespace(cluster.Namespace)); err != nil {
 		return c, err
@@ -73,7 +95,7 @@ func ForCluster(ctx context.Context, guest client.Reader, cluster *clusterv1.Clu
 	if err != nil {
 		return nil, "", err
 	}
-	set = Base().Union(set)
+	set = Base(consumers.CAPKWillSSH).Union(set)
 
 	extra, err := ParseExtraPorts(cluster.Annotations[guestnetv1.ExtraWorkerPortsAnnotation])
 	if err != nil {

@@ -28,7 +28,7 @@ func workers(name string, state TemplateState, declared []Port, mutate ...func(*
 
 func TestPortsDeclaredCondition(t *testing.T) {
 	own := NewSet(Requirement{Port: TCP(30080)}, Requirement{Port: TCP(30443)})
-	cluster := Base().Union(own)
+	cluster := Base(true).Union(own)
 	declared := []Port{TCP(22), TCP(10250), TCP(30080), TCP(30443)}
 	rolling := func(w *Workers) { w.MachineDeployment.Status.UpToDateReplicas = ptr.To[int32](1) }
 	topology := func(w *Workers) {

@@ -13,7 +13,7 @@ import (
 
 // decide: what guestnet does about one MachineDeployment, from what was read.
 func TestDecide(t *testing.T) {
-	required := Base()
+	required := Base(true)
 	lacking := func(name string, mutate ...func(*Workers)) Workers {
 		w := workers("md-0", PortsMissing, nil, mutate...)
 		w.Template = template(name, masquerade(port(22, "")))
@@ -98,7 +98,7 @@ func TestAppliedRevision(t *testing.T) {
 
 func TestPortsDeclaredConditionWhenGuestnetStops(t *testing.T) {
 	own := NewSet(Requirement{Port: TCP(30080)})
-	cluster := Base().Union(own)
+	cluster := Base(true).Union(own)
 	stopped := func(p Plan) Workers {
 		w := workers("md-0", PortsMissing, []Port{TCP(22)})
 		copyOf, err := Declare(w.Template, cluster, "c", "")

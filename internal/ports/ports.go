@@ -10,12 +10,18 @@ package ports
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -115,13 +121,44 @@ func JoinPorts(ports []Port) string {
 	return strings.Join(parts, ", ")
 }
 
-// Base is what every worker needs whatever runs on it: SSH (CAPK's bootstrap check and
-// operators) and the kubelet (logs, exec, metrics-server scrapes).
-func Base() Set {
-	return NewSet(
-		Requirement{Port: TCP(22), Reasons: []string{"SSH"}},
-		Requirement{Port: TCP(10250), Reasons: []string{"kubelet"}},
-	)
+// Base is what every worker needs whatever runs on it: the kubelet (logs, exec,
+// metrics-server scrapes), and SSH only when CAPK will SSH into the VMs for its bootstrap
+// check (capkSSH, CAPKWillSSH). No port is declared only for an operator's SSH: 22 stays
+// declarable (a template's own, the extra-worker-ports annotation).
+func Base(capkSSH bool) Set {
+	set := NewSet(Requirement{Port: TCP(10250), Reasons: []string{"kubelet"}})
+	if capkSSH {
+		set = set.Union(NewSet(Requirement{Port: TCP(22), Reasons: []string{"SSH: CAPK's ssh bootstrap check (KubevirtCluster not externally managed)"}}))
+	}
+	return set
+}
+
+// KubevirtClusterGVK is CAPK's infrastructure cluster kind.
+var KubevirtClusterGVK = KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtCluster")
+
+// CAPKWillSSH reports whether CAPK SSHes into the cluster's VMs: it generates SSH keys for a
+// KubevirtCluster only when that is not externally managed (no annotation
+// cluster.x-k8s.io/managed-by: sigs.k8s.io/cluster-api-provider-kubevirt v0.11.2
+// controllers/kubevirtcluster_controller.go), and checks a VM is bootstrapped over SSH with
+// those keys when the template's checkStrategy is ssh or unset (pkg/kubevirt/machine.go
+// IsBootstrapped); the shipped templates' KubevirtCluster is managed by k0smotron. A
+// KubevirtCluster guestnet cannot read (not created yet, another infrastructure kind) counts
+// as one CAPK SSHes into: 22 is then required, as before.
+func CAPKWillSSH(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (bool, error) {
+	ref := cluster.Spec.InfrastructureRef
+	if ref.Kind != KubevirtClusterGVK.Kind || ref.APIGroup != KubevirtClusterGVK.Group || ref.Name == "" {
+		return true, nil
+	}
+	kc := &unstructured.Unstructured{}
+	kc.SetGroupVersionKind(KubevirtClusterGVK)
+	switch err := host.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: ref.Name}, kc); {
+	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reading KubevirtCluster %s: %w", ref.Name, err)
+	}
+	_, external := kc.GetAnnotations()[clusterv1.ManagedByAnnotation]
+	return !external, nil
 }
 
 // Cilium's defaults when cilium-config does not set tunnel-port.

@@ -26,7 +26,7 @@ func TestNewSetMergesDuplicatesAndSorts(t *testing.T) {
 
 func TestSetMissingAndUnion(t *testing.T) {
 	g := NewWithT(t)
-	required := Base().Union(NewSet(Requirement{Port: UDP(8473)}))
+	required := Base(true).Union(NewSet(Requirement{Port: UDP(8473)}))
 	g.Expect(required.Missing([]Port{TCP(22), TCP(10250), UDP(8473)})).To(BeEmpty())
 	g.Expect(required.Missing([]Port{TCP(22), TCP(8473)}).Ports()).To(Equal([]Port{UDP(8473), TCP(10250)}),
 		"a TCP declaration does not cover the UDP tunnel port")

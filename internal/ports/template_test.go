@@ -46,7 +46,7 @@ func port(n int64, protocol string) map[string]any {
 }
 
 func TestAnalyze(t *testing.T) {
-	required := Base().Union(NewSet(Requirement{Port: UDP(8473)}))
+	required := Base(true).Union(NewSet(Requirement{Port: UDP(8473)}))
 	tests := []struct {
 		name        string
 		tmpl        *unstructured.Unstructured
@@ -76,7 +76,7 @@ func TestAnalyze(t *testing.T) {
 func TestAnalyzeRejectsMalformedTemplates(t *testing.T) {
 	g := NewWithT(t)
 	tmpl := template("t", masquerade(map[string]any{"port": "twenty-two"}))
-	_, err := Analyze(tmpl, Base())
+	_, err := Analyze(tmpl, Base(true))
 	g.Expect(err).To(MatchError(ContainSubstring("KubevirtMachineTemplate t")))
 }
 
@@ -96,7 +96,7 @@ func TestDeclare(t *testing.T) {
 	g.Expect(out.GetAnnotations()).To(Equal(map[string]string{"note": "x", guestnetv1.BaseTemplateAnnotation: "md-0", guestnetv1.TemplateRevisionAnnotation: ""}))
 	g.Expect(out.GetOwnerReferences()).To(Equal(orig.GetOwnerReferences()))
 
-	a, err := Analyze(out, Base().Union(missing))
+	a, err := Analyze(out, Base(true).Union(missing))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(a.State).To(Equal(PortsDeclared))
 	ifaces, _, _ := unstructured.NestedSlice(out.Object, interfacesPath...)
@@ -127,7 +127,7 @@ func TestDeclare(t *testing.T) {
 
 func TestDeclareRefusesTemplatesWithoutMasquerade(t *testing.T) {
 	g := NewWithT(t)
-	_, err := Declare(template("t", map[string]any{"name": "default", "bridge": map[string]any{}}), Base(), "c", "")
+	_, err := Declare(template("t", map[string]any{"name": "default", "bridge": map[string]any{}}), Base(true), "c", "")
 	g.Expect(err).To(MatchError(ContainSubstring("no masquerade pod interface")))
 }
 
@@ -163,7 +163,7 @@ func TestDeclareNamesCopiesPerCluster(t *testing.T) {
 }
 
 func TestAdoptable(t *testing.T) {
-	desired, err := Declare(template("md-0", masquerade(port(22, ""))), Base(), "c", "")
+	desired, err := Declare(template("md-0", masquerade(port(22, ""))), Base(true), "c", "")
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
 	tests := []struct {
 		name    string
