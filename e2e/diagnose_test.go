@@ -216,7 +216,13 @@ func TestDiagnose_BrokenClusterFails(t *testing.T) {
 	}
 	// Node identity: the first worker's kubelet runs in external mode and nothing initializes
 	// its Node (the taint, no InternalIP); the second's does not, and wrote the VM's own
-	// masquerade address.
+	// masquerade address. Both Nodes go with the test: the lab's guest is shared, and a
+	// GuestNodeIdentity of a later test would see a Node waiting for it.
+	t.Cleanup(func() {
+		for _, w := range workers {
+			_ = guest.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: w.Machine}})
+		}
+	})
 	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		node := &corev1.Node{}
 		if err := guest.Get(ctx, client.ObjectKey{Name: workers[0].Machine}, node); err != nil {

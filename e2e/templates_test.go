@@ -217,7 +217,7 @@ webhookBridge:
 		{
 			name:  "the value the PortsDeclared condition gives",
 			value: conditionValue,
-			extra: []ports.Port{ports.TCP(22), ports.TCP(10250), ports.UDP(8473), ports.TCP(30080), ports.TCP(30443)},
+			extra: []ports.Port{ports.TCP(10250), ports.UDP(8473), ports.TCP(30080), ports.TCP(30443)},
 		},
 		{
 			name: "no workerPorts: no ports list",
