@@ -14,8 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -24,7 +22,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeagent"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeidentity"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 // nodeIdentityTimeout bounds each wait of the node-identity tests: guestnet reacts to watch
@@ -75,25 +72,7 @@ func newNodeIdentityEnv(t *testing.T, subnet string, kubelet lab.KubeletMode) *n
 // interface declaring the template's ports.
 func (e *nodeIdentityEnv) createVM(t *testing.T, name string) {
 	t.Helper()
-	labels := virtlauncher.MachineSelector(e.ns, e.gc.Name, name)
-	delete(labels, virtlauncher.KubeVirtLabel) // KubeVirt adds it to the pod
-	vm := &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
-		Spec: kubevirtv1.VirtualMachineSpec{
-			RunStrategy: ptr.To(kubevirtv1.RunStrategyAlways),
-			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: kubevirtv1.VirtualMachineInstanceSpec{
-					Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
-						Name: "default", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}},
-						Ports: []kubevirtv1.Port{{Port: 10250}, {Port: 30080}, {Port: 30081}, {Port: 8473, Protocol: "UDP"}},
-					}}}},
-					Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
-				},
-			},
-		},
-	}
-	NewWithT(t).Expect(e.l.Host.Client.Create(e.ctx, vm)).To(Succeed())
+	NewWithT(t).Expect(lab.CreateWorkerVM(e.ctx, e.l.Host.Client, e.ns, e.gc.Name, name, []int32{10250, 30080, 30081}, []int32{8473})).To(Succeed())
 }
 
 // worker waits for VM name's worker and its guest Node.

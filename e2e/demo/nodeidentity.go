@@ -7,15 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 )
 
 // Two more guest clusters, whose VMs run on the lab's kernel datapath (KubeVirt's own nftables
@@ -94,25 +91,7 @@ func nodeIDCluster(ctx context.Context, l *lab.Lab, ns, subnet string, mode lab.
 		return nil, err
 	}
 	for _, name := range []string{ns + "-a", ns + "-b"} {
-		labels := virtlauncher.MachineSelector(ns, gc.Name, name)
-		delete(labels, virtlauncher.KubeVirtLabel)
-		vm := &kubevirtv1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: kubevirtv1.VirtualMachineSpec{
-				RunStrategy: ptr.To(kubevirtv1.RunStrategyAlways),
-				Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: labels},
-					Spec: kubevirtv1.VirtualMachineInstanceSpec{
-						Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
-							Name: "default", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}},
-							Ports: []kubevirtv1.Port{{Port: 10250}, {Port: demoTunnelPort, Protocol: "UDP"}},
-						}}}},
-						Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
-					},
-				},
-			},
-		}
-		if err := l.Host.Client.Create(ctx, vm); err != nil {
+		if err := lab.CreateWorkerVM(ctx, l.Host.Client, ns, gc.Name, name, []int32{10250}, []int32{demoTunnelPort}); err != nil {
 			return nil, err
 		}
 	}

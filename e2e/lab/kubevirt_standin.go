@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -660,3 +661,40 @@ func registerGuestNode(ctx context.Context, guest client.Client, name string, w 
 
 // kubeletFieldManager is the field manager of a kubelet's writes of its Node.
 const kubeletFieldManager = "kubelet"
+
+// CreateWorkerVM creates, as CAPK does for KubevirtMachine name of the Cluster
+// namespace/cluster, a VirtualMachine that should run, its VMI template labelled with CAPK's
+// labels for that Cluster, namespace and machine (virtlauncher.MachineSelector, without the
+// label KubeVirt adds to the pod) and a masquerade interface on the pod network declaring the
+// tcp and udp ports, for a KubeVirt stand-in to boot without the real CAPK.
+func CreateWorkerVM(ctx context.Context, c client.Client, namespace, cluster, name string, tcp, udp []int32) error {
+	labels := virtlauncher.MachineSelector(namespace, cluster, name)
+	delete(labels, virtlauncher.KubeVirtLabel)
+	var declared []kubevirtv1.Port
+	for _, p := range tcp {
+		declared = append(declared, kubevirtv1.Port{Port: p})
+	}
+	for _, p := range udp {
+		declared = append(declared, kubevirtv1.Port{Port: p, Protocol: "UDP"})
+	}
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(kubevirtv1.RunStrategyAlways),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
+						Name: "default", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}},
+						Ports: declared,
+					}}}},
+					Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+				},
+			},
+		},
+	}
+	if err := c.Create(ctx, vm); err != nil {
+		return fmt.Errorf("creating VirtualMachine %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
