@@ -39,7 +39,7 @@ func TestCAPKWillSSH(t *testing.T) {
 		cluster *clusterv1.Cluster
 		want    bool
 	}{
-		"externally managed (k0smotron's templates)": {objects: []client.Object{kubevirtCluster(map[string]string{clusterv1.ManagedByAnnotation: "k0smotron"})}, cluster: cluster},
+		"externally managed (k0smotron's templates)":   {objects: []client.Object{kubevirtCluster(map[string]string{clusterv1.ManagedByAnnotation: "k0smotron"})}, cluster: cluster},
 		"managed by CAPK: it generates keys and SSHes": {objects: []client.Object{kubevirtCluster(nil)}, cluster: cluster, want: true},
 		"not created yet: as before, 22":               {cluster: cluster, want: true},
 		"another infrastructure":                       {cluster: &clusterv1.Cluster{ObjectMeta: cluster.ObjectMeta}, want: true},
