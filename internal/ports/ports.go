@@ -141,7 +141,8 @@ var KubevirtClusterGVK = KubevirtMachineTemplateGVK.GroupVersion().WithKind("Kub
 // cluster.x-k8s.io/managed-by: sigs.k8s.io/cluster-api-provider-kubevirt v0.11.2
 // controllers/kubevirtcluster_controller.go), and checks a VM is bootstrapped over SSH with
 // those keys when the template's checkStrategy is ssh or unset (pkg/kubevirt/machine.go
-// IsBootstrapped); the shipped templates' KubevirtCluster is managed by k0smotron. A
+// IsBootstrapped; guestnet does not read checkStrategy: a KubevirtCluster CAPK manages always
+// counts); the shipped templates' KubevirtCluster is managed by k0smotron. A
 // KubevirtCluster guestnet cannot read (not created yet, another infrastructure kind) counts
 // as one CAPK SSHes into: 22 is then required, as before.
 func CAPKWillSSH(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (bool, error) {
