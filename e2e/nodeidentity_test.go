@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -173,6 +174,32 @@ func TestNodeIdentity_PodIPIsTheNodesIdentityInsideAndOutsideTheVM(t *testing.T)
 	_, err := a.DialFromVM(e.ctx, "tcp", net.JoinHostPort(a.IP, "30080"))
 	g.Expect(errors.Is(err, syscall.ECONNREFUSED)).To(BeTrue(), "a probe at the pod IP from inside the VM is refused by the virt-launcher pod, got %v", err)
 
+	// The guest's Cilium agents started before the Nodes had their pod IPs, as they do (they
+	// tolerate the taint): a's CiliumNode names the VM's own address, b's (started later) the
+	// pod IP. guestnet restarts a's agent only.
+	removeCRD, err := e.l.InstallGuestCiliumNodeCRD()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(removeCRD)
+	agents := map[string]*corev1.Pod{}
+	for _, w := range []struct {
+		w  *lab.Worker
+		ip string
+	}{{a, lab.VMAddressMasquerade}, {b, b.IP}} {
+		cn := &unstructured.Unstructured{}
+		cn.SetGroupVersionKind(lab.CiliumNodeGVK)
+		cn.SetName(w.w.Machine)
+		g.Expect(unstructured.SetNestedSlice(cn.Object, []any{map[string]any{"type": "InternalIP", "ip": w.ip}}, "spec", "addresses")).To(Succeed())
+		g.Expect(e.l.Guest.Client.Create(e.ctx, cn)).To(Succeed())
+		t.Cleanup(func() { _ = e.l.Guest.Client.Delete(context.Background(), cn) })
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", GenerateName: "cilium-", Labels: map[string]string{"k8s-app": "cilium"}},
+			Spec:       corev1.PodSpec{NodeName: w.w.Machine, Containers: []corev1.Container{{Name: "cilium-agent", Image: "quay.io/cilium/cilium:v1.20.2"}}},
+		}
+		g.Expect(e.l.Guest.Client.Create(e.ctx, pod)).To(Succeed())
+		t.Cleanup(func() { _ = e.l.Guest.Client.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+		agents[w.w.Machine] = pod
+	}
+
 	gni := e.createIdentity(t)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -188,6 +215,16 @@ func TestNodeIdentity_PodIPIsTheNodesIdentityInsideAndOutsideTheVM(t *testing.T)
 		c := e.condition(g, gni, guestnetv1.ReadyCondition)
 		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Ready: %s %s", c.Reason, c.Message)
 	}).WithTimeout(nodeIdentityTimeout).Should(Succeed())
+
+	// a's Cilium agent is restarted (deleted: its DaemonSet would start a new one), b's is not.
+	agentGoing := func(name string) bool {
+		p := &corev1.Pod{}
+		err := e.l.Guest.Client.Get(e.ctx, client.ObjectKeyFromObject(agents[name]), p)
+		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
+	}
+	g.Eventually(func() bool { return agentGoing(a.Machine) }).WithTimeout(nodeIdentityTimeout).Should(BeTrue(),
+		"the Cilium agent whose CiliumNode names 10.0.2.2 is restarted")
+	g.Expect(agentGoing(b.Machine)).To(BeFalse(), "the one whose CiliumNode names its pod IP is left alone")
 
 	// The guest tunnel between the Nodes' InternalIPs, on the declared tunnel port.
 	tunnel, err := e.l.StartGuestTunnel(e.ctx, a, b)

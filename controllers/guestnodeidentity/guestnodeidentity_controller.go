@@ -62,6 +62,8 @@ type Reconciler struct {
 
 	recorder   events.EventRecorder
 	controller controller.Controller
+	// written: when guestnet wrote which Node's addresses (the Cilium follow-up).
+	written writtenNodes
 }
 
 // scope is what one reconcile of a GuestNodeIdentity works with.

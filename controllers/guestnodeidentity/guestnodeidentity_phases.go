@@ -63,9 +63,14 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (reconcilere
 	if err := r.watchGuest(ctx, s); err != nil {
 		return reconcileresult.Result{}, err
 	}
-	nodeErr := r.reconcileNodes(ctx, s)
+	internalIPs, nodeErr := r.reconcileNodes(ctx, s)
 	agentErr := r.reconcileAgent(ctx, s, false)
-	return reconcileresult.Result{}, errors.Join(nodeErr, agentErr)
+	again, ciliumErr := r.restartStaleCiliumAgents(ctx, s, internalIPs)
+	result := reconcileresult.Result{}
+	if again {
+		result.RequeueAfter = ciliumRecheckEvery
+	}
+	return result, errors.Join(nodeErr, agentErr, ciliumErr)
 }
 
 // watchGuest watches the guest's Nodes (what Decide reads) and the agent's DaemonSet.
@@ -111,18 +116,20 @@ type nodeReport struct {
 	failed error
 }
 
-// reconcileNodes writes each guest Node's addresses from its VM's pod and removes the taint.
-func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) error {
+// reconcileNodes writes each guest Node's addresses from its VM's pod and removes the taint,
+// and returns the InternalIPs of the Nodes that have their pod IPs now, by name.
+func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) (map[string][]string, error) {
 	gni := s.gni
 	nodes := &corev1.NodeList{}
 	if err := s.guestClient.List(ctx, nodes); err != nil {
-		return fmt.Errorf("listing guest Nodes: %w", err)
+		return nil, fmt.Errorf("listing guest Nodes: %w", err)
 	}
 	pods := &corev1.PodList{}
 	if err := r.Client.List(ctx, pods, ctrl.InNamespace(gni.Namespace),
 		ctrl.MatchingLabels(virtlauncher.WorkerSelector(gni.Namespace, gni.Spec.ClusterName))); err != nil {
-		return fmt.Errorf("listing the workers' virt-launcher pods: %w", err)
+		return nil, fmt.Errorf("listing the workers' virt-launcher pods: %w", err)
 	}
+	withPodIP := map[string][]string{}
 	rep := nodeReport{nodes: len(nodes.Items), byVerdict: map[nodeidentity.Verdict][]string{},
 		external: gni.Spec.NodeAddresses == guestnetv1.NodeAddressesExternal}
 	for i := range nodes.Items {
@@ -135,6 +142,7 @@ func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) error {
 		switch {
 		case d.Verdict == nodeidentity.InSync:
 			rep.withPodIP++
+			withPodIP[node.Name] = d.PodIPs
 			continue
 		case rep.external:
 			if slices.Equal(d.InternalIPs, d.PodIPs) {
@@ -148,6 +156,7 @@ func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) error {
 				continue
 			}
 			rep.withPodIP++
+			withPodIP[node.Name] = d.PodIPs
 			continue
 		case d.Verdict == nodeidentity.OtherInitializer:
 			for _, w := range d.Writers {
@@ -160,7 +169,7 @@ func (r *Reconciler) reconcileNodes(ctx context.Context, s *scope) error {
 	}
 	gni.Status.Nodes, gni.Status.NodesWithPodIP = int32(rep.nodes), int32(rep.withPodIP)
 	setNodeAddressesCondition(gni, rep, s.cluster.Namespace)
-	return rep.failed
+	return withPodIP, rep.failed
 }
 
 func cmpOr(a, b error) error {
@@ -193,6 +202,7 @@ func (r *Reconciler) writeNode(ctx context.Context, s *scope, node *corev1.Node,
 			ctrl.FieldOwner(ownership.FieldManager)); err != nil {
 			return fmt.Errorf("writing the addresses of guest Node %s: %w", node.Name, err)
 		}
+		r.written.wrote(ctrl.ObjectKeyFromObject(s.cluster), node.Name, time.Now())
 		note := fmt.Sprintf("Guest Node %s: InternalIP %s, its VM's virt-launcher pod IP (was %s)",
 			node.Name, strings.Join(d.PodIPs, ","), orNone(d.InternalIPs))
 		record.Written(ctx, r.recorder, s.gni, record.Write{Type: corev1.EventTypeNormal, Reason: "NodeAddressesSet", Action: "Patch", Note: note})

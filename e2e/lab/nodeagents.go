@@ -16,13 +16,16 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeagent"
 )
@@ -347,4 +350,24 @@ func (a *NodeAgents) finalizeNamespace(ctx context.Context) error {
 	}
 	ns.Spec.Finalizers = nil
 	return client.IgnoreNotFound(guest.SubResource("finalize").Update(ctx, ns))
+}
+
+// CiliumNodeGVK is Cilium's per-node object in a guest.
+var CiliumNodeGVK = schema.GroupVersionKind{Group: "cilium.io", Version: "v2", Kind: "CiliumNode"}
+
+// InstallGuestCiliumNodeCRD installs in the guest a stand-in CRD of Cilium's CiliumNode
+// (cluster-scoped, any spec; no Cilium agent runs in the lab's guest), and returns what
+// removes it. A test writes CiliumNodes as an agent does: spec.addresses of {type: InternalIP,
+// ip} with the node IP the agent read at its start.
+func (l *Lab) InstallGuestCiliumNodeCRD() (remove func(), err error) {
+	crd := standInCRD(CiliumNodeGVK)
+	crd.Labels = map[string]string{"lab.guestnet.dev/stand-in": "true"}
+	crd.Spec.Scope = apiextensionsv1.ClusterScoped
+	crd.Spec.Versions[0].Subresources = nil
+	if _, err := envtest.InstallCRDs(l.Guest.Config, envtest.CRDInstallOptions{
+		CRDs: []*apiextensionsv1.CustomResourceDefinition{crd}, MaxTime: time.Minute, PollInterval: 100 * time.Millisecond,
+	}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("installing the stand-in CiliumNode CRD in the guest: %w", err)
+	}
+	return func() { _ = l.Guest.Client.Delete(context.Background(), crd) }, nil
 }
