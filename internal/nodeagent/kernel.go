@@ -95,23 +95,11 @@ func (k Kernel) Apply() (changed bool, err error) {
 	if k.NodeIP.Equal(k.VMAddress) {
 		return false, fmt.Errorf("the node IP %s is the VM's own address: nothing to translate (not a masquerade VM?)", k.NodeIP)
 	}
-	lo, err := netlink.LinkByName("lo")
+	lo, kept, changed, err := takeOffLoopback(k.NodeIP)
 	if err != nil {
-		return false, err
+		return changed, err
 	}
-	ours, err := loopbackAddresses(lo)
-	if err != nil {
-		return false, err
-	}
-	for _, a := range ours {
-		if !a.IP.Equal(k.NodeIP) {
-			if err := netlink.AddrDel(lo, &a); err != nil {
-				return changed, fmt.Errorf("removing %s from lo: %w", a.IP, err)
-			}
-			changed = true
-		}
-	}
-	if !slices.ContainsFunc(ours, func(a netlink.Addr) bool { return a.IP.Equal(k.NodeIP) }) {
+	if !kept {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: k.NodeIP.To4(), Mask: net.CIDRMask(32, 32)}, Label: LoopbackLabel, Scope: unix.RT_SCOPE_HOST}
 		if err := netlink.AddrAdd(lo, addr); err != nil && !errors.Is(err, unix.EEXIST) {
 			return changed, fmt.Errorf("adding %s to lo: %w", k.NodeIP, err)
@@ -154,19 +142,9 @@ func (k Kernel) Apply() (changed bool, err error) {
 
 // RemoveFromKernel takes off everything the agent put in the kernel of the current network namespace.
 func RemoveFromKernel() (changed bool, err error) {
-	lo, err := netlink.LinkByName("lo")
+	_, _, changed, err = takeOffLoopback(nil)
 	if err != nil {
-		return false, err
-	}
-	ours, err := loopbackAddresses(lo)
-	if err != nil {
-		return false, err
-	}
-	for _, a := range ours {
-		if err := netlink.AddrDel(lo, &a); err != nil {
-			return changed, fmt.Errorf("removing %s from lo: %w", a.IP, err)
-		}
-		changed = true
+		return changed, err
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -186,6 +164,29 @@ func RemoveFromKernel() (changed bool, err error) {
 		}
 	}
 	return changed, nil
+}
+
+// takeOffLoopback removes from lo every address with the agent's label but keep (nil: all),
+// and says whether keep was there.
+func takeOffLoopback(keep net.IP) (lo netlink.Link, kept, changed bool, err error) {
+	if lo, err = netlink.LinkByName("lo"); err != nil {
+		return nil, false, false, err
+	}
+	ours, err := loopbackAddresses(lo)
+	if err != nil {
+		return lo, false, false, err
+	}
+	for _, a := range ours {
+		if keep != nil && a.IP.Equal(keep) {
+			kept = true
+			continue
+		}
+		if err := netlink.AddrDel(lo, &a); err != nil {
+			return lo, kept, changed, fmt.Errorf("removing %s from lo: %w", a.IP, err)
+		}
+		changed = true
+	}
+	return lo, kept, changed, nil
 }
 
 // loopbackAddresses lists the addresses on lo that carry the agent's label.
@@ -229,15 +230,6 @@ func ruleTexts(rules []rule) []string {
 		out = append(out, r.chain+": "+r.text)
 	}
 	return out
-}
-
-// currentRulesOf reads the texts of the agent's table in the current network namespace.
-func currentRulesOf() ([]string, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, err
-	}
-	return currentRules(c)
 }
 
 // currentRules reads the texts of the agent's table back (nil when it does not exist).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	. "github.com/onsi/gomega"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -75,7 +76,7 @@ func TestKernelApplyAndRemove(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(changed).To(BeFalse(), "nothing to change the second time")
 
-		ln, err = net.Listen("tcp4", "0.0.0.0:40000") //nolint:gosec // inside the test's own VM namespace: the DNATed connection arrives for the node IP
+		ln, err = net.Listen("tcp4", "10.244.250.1:40000")
 		g.Expect(err).NotTo(HaveOccurred())
 		bound, err := net.Listen("tcp4", "10.244.250.1:0")
 		g.Expect(err).NotTo(HaveOccurred(), "the node IP is an address of the VM")
@@ -97,7 +98,7 @@ func TestKernelApplyAndRemove(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred(), "what arrives for the VM address")
 		_ = c.Close()
 	})
-	g.Eventually(accepted).Should(Receive(Equal("10.244.250.1:40000")), "reaches the socket as addressed to the node IP")
+	g.Eventually(accepted).Should(Receive(Equal("10.244.250.1:40000")), "reaches the socket bound to the node IP")
 
 	in(vm, func() {
 		k := Kernel{NodeIP: net.ParseIP("10.244.250.2"), Uplink: "eth0", VMAddress: net.ParseIP("10.0.2.2")}
@@ -130,4 +131,13 @@ func mustAddr(s string) *netlink.Addr {
 		panic(err)
 	}
 	return a
+}
+
+// currentRulesOf reads the texts of the agent's table in the current network namespace.
+func currentRulesOf() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	return currentRules(c)
 }
