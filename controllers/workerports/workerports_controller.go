@@ -5,8 +5,9 @@
 // everything else stays in the virt-launcher pod, which refuses it (docs/runbook.md, "a port the VMs do not declare"). Ports are fixed when a
 // VM is created, CAPK rejects in-place template edits, and CAPI rolls workers only when a
 // MachineDeployment points at a template with a new name. So, per Cluster, this controller
-// computes the required port set (internal/ports.ForCluster) and, for every worker
-// MachineDeployment whose template's ports list lacks some of it, creates a copy of its own
+// computes the required port set (internal/ports.ForCluster, plus 22/TCP for the templates
+// whose VMs CAPK will SSH into: ports.ForWorkers) and, for every worker MachineDeployment
+// whose template's ports list lacks some of it, creates a copy of its own
 // for the Cluster, named after the content hash, that declares them and repoints the
 // MachineDeployment: CAPI then rolls the workers with its own rollout strategy. What to do
 // about each MachineDeployment is planned in internal/ports (ports.Plan), which the
@@ -134,7 +135,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinesets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses;guestwebhookbridges;guestnodeidentities,verbs=get;list;watch
-// Whether CAPK SSHes into the VMs (then 22 is required): the KubevirtCluster's managed-by annotation.
+// Whether CAPK SSHes into the VMs (then 22 is required): the KubevirtCluster's managed-by annotation
+// (with each worker template's checkStrategy: ports.CAPKWillSSH).
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtclusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

@@ -363,12 +363,12 @@ func checkPorts(s *State) []Result {
 			if rolling, upToDate, desired := w.RollingOut(); rolling {
 				r.Verdict, r.Runbook = Warn, rbWorkerRollout
 				r.Detail = fmt.Sprintf("KubevirtMachineTemplate %s declares the %d required ports, but the MachineDeployment is rolling out to it: %d of %d workers run it; the others still drop the ports they lack",
-					w.Template.GetName(), len(s.Required), upToDate, desired)
+					w.Template.GetName(), len(w.Required), upToDate, desired)
 				r.Fix = fmt.Sprintf("wait for CAPI's rollout (kubectl get machinedeployment %s -n %s; kubectl get machines -n %s)", w.MachineDeployment.Name, s.Namespace, s.Namespace)
 				break
 			}
 			r.Verdict = OK
-			r.Detail = fmt.Sprintf("KubevirtMachineTemplate %s declares every required port (%s), and every worker runs it", w.Template.GetName(), s.Required)
+			r.Detail = fmt.Sprintf("KubevirtMachineTemplate %s declares every required port (%s), and every worker runs it", w.Template.GetName(), w.Required)
 		}
 		out = append(out, r)
 	}
@@ -378,7 +378,7 @@ func checkPorts(s *State) []Result {
 func missingPortsFix(s *State, w ports.Workers) string {
 	switch {
 	case w.TopologyOwned():
-		all := s.Required.Union(declaredSet(w.Analysis.Declared))
+		all := w.Required.Union(declaredSet(w.Analysis.Declared))
 		return fmt.Sprintf("guestnet never edits topology-managed workers: set the Cluster topology variable guestnet to %s", ports.TopologyValue(all.Ports()))
 	case s.Managed && w.Plan.Action == ports.Reverted:
 		return "declare the ports in the template's source (the repository " + w.Plan.RevertedByText() + " applies): " + w.SourcePorts() +

@@ -77,7 +77,7 @@ func healthy(t *testing.T) *State {
 	}
 	s.Pods = append(s.Pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kmc-tenant-a-0", Labels: map[string]string{"app": "k0smotron"}}})
 
-	required := ports.Base(true)
+	required := ports.Base(false)
 	for _, gi := range s.Ingresses {
 		required = required.Union(ports.ForGuestIngress(&gi))
 	}
@@ -85,7 +85,9 @@ func healthy(t *testing.T) *State {
 		required = required.Union(ports.ForBridge(&b))
 	}
 	s.Required = required
-	s.Workers = []ports.Workers{workers(t, required.Ports(), required)}
+	// The fixture's KubevirtCluster is CAPK's own and its template leaves checkStrategy
+	// unset: CAPK SSHes into the VMs, so its workers need 22 as well (ports.ForWorkers).
+	s.Workers = []ports.Workers{workers(t, ports.Base(true).Union(required).Ports(), required)}
 
 	for _, svc := range []string{webHostService, cmHostService, msHostService} {
 		addHostService(s, svc, true)
@@ -149,7 +151,8 @@ func guestNode(name, ip, writer string) corev1.Node {
 }
 
 // workers is the cluster's one MachineDeployment whose template declares declared
-// (nil: no ports list), analysed against required.
+// (nil: no ports list), analysed against what it must declare: required, and 22 for CAPK's
+// SSH check (ports.ForWorkers; the fixture's KubevirtCluster is CAPK's own).
 func workers(t *testing.T, declared []ports.Port, required ports.Set) ports.Workers {
 	t.Helper()
 	iface := map[string]any{"name": "default", "masquerade": map[string]any{}}
@@ -177,7 +180,8 @@ func workers(t *testing.T, declared []ports.Port, required ports.Set) ports.Work
 	tmpl.SetGroupVersionKind(ports.KubevirtMachineTemplateGVK)
 	tmpl.SetNamespace(ns)
 	tmpl.SetName(templateName)
-	analysis, err := ports.Analyze(tmpl, required)
+	own := ports.ForWorkers(required, true, tmpl)
+	analysis, err := ports.Analyze(tmpl, own)
 	if err != nil {
 		t.Fatalf("analysing the template: %v", err)
 	}
@@ -186,7 +190,7 @@ func workers(t *testing.T, declared []ports.Port, required ports.Set) ports.Work
 		Spec:       clusterv1.MachineDeploymentSpec{ClusterName: clusterName, Replicas: ptr.To[int32](2)},
 		Status:     clusterv1.MachineDeploymentStatus{ObservedGeneration: 1, UpToDateReplicas: ptr.To[int32](2)},
 	}
-	return ports.Workers{MachineDeployment: md, Template: tmpl, Analysis: analysis}
+	return ports.Workers{MachineDeployment: md, Template: tmpl, Required: own, Analysis: analysis}
 }
 
 // addHostService adds a guestnet host Service of the cluster selecting the workers, with an

@@ -23,9 +23,10 @@ type State struct {
 	Cluster     *clusterv1.Cluster
 
 	// Workers are the cluster's worker MachineDeployments that use KubevirtMachineTemplates,
-	// each with its template analysed against Required (ports.ListWorkers).
+	// each with its template analysed against what it must declare: Required, and 22/TCP
+	// where CAPK SSHes into its VMs (ports.ListWorkers, Workers.Required).
 	Workers []ports.Workers
-	// Required is every port the workers must accept (ports.ForCluster); RequiredErr says
+	// Required is every port every worker must accept (ports.ForCluster); RequiredErr says
 	// why it could not be computed (then Workers are analysed against nothing).
 	Required    ports.Set
 	RequiredErr error

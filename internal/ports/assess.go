@@ -19,8 +19,7 @@ import (
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
 
-// Consumers are the guestnet objects of one cluster whose ports the workers must accept,
-// and whether CAPK SSHes into its VMs (CAPKWillSSH).
+// Consumers are the guestnet objects of one cluster whose ports the workers must accept.
 type Consumers struct {
 	Ingresses []*guestnetv1.GuestIngress
 	Bridges   []*guestnetv1.GuestWebhookBridge
@@ -28,7 +27,6 @@ type Consumers struct {
 	// the tunnel between the Nodes' InternalIPs), which every cluster gets: listed so that a
 	// cluster with only a GuestNodeIdentity has them declared.
 	NodeIdentities []*guestnetv1.GuestNodeIdentity
-	CAPKWillSSH    bool
 }
 
 // Empty reports whether no guestnet object serves the cluster.
@@ -37,14 +35,9 @@ func (c Consumers) Empty() bool {
 }
 
 // ListConsumers lists the GuestIngresses, GuestWebhookBridges and GuestNodeIdentities, not
-// being deleted, that name cluster, in the Cluster's namespace, and reads whether CAPK
-// SSHes into its VMs.
+// being deleted, that name cluster, in the Cluster's namespace.
 func ListConsumers(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (Consumers, error) {
 	var c Consumers
-	var err error
-	if c.CAPKWillSSH, err = CAPKWillSSH(ctx, host, cluster); err != nil {
-		return c, err
-	}
 	identities := &guestnetv1.GuestNodeIdentityList{}
 	if err := host.List(ctx, identities, client.InNamespace(cluster.Namespace)); err != nil {
 		return c, err
@@ -75,10 +68,11 @@ func ListConsumers(ctx context.Context, host client.Reader, cluster *clusterv1.C
 	return c, nil
 }
 
-// ForCluster is everything the workers of cluster must accept: the base ports, the guest
+// ForCluster is everything every worker of cluster must accept: the kubelet's port, the guest
 // Cilium tunnel (kube-system/cilium-config, read through guest), the ports of every consumer,
-// and the Cluster's extra-worker-ports annotation. The note says what was found about the
-// tunnel.
+// and the Cluster's extra-worker-ports annotation. 22/TCP for CAPK's SSH bootstrap check
+// depends on each worker template: ListWorkers adds it where CAPK will SSH (ForWorkers,
+// Workers.Required). The note says what was found about the tunnel.
 func ForCluster(ctx context.Context, guest client.Reader, cluster *clusterv1.Cluster, consumers Consumers) (Set, string, error) {
 	cm := &corev1.ConfigMap{}
 	var ciliumConfig map[string]string
@@ -95,7 +89,7 @@ func ForCluster(ctx context.Context, guest client.Reader, cluster *clusterv1.Clu
 	if err != nil {
 		return nil, "", err
 	}
-	set = Base(consumers.CAPKWillSSH).Union(set)
+	set = Base(false).Union(set)
 
 	extra, err := ParseExtraPorts(cluster.Annotations[guestnetv1.ExtraWorkerPortsAnnotation])
 	if err != nil {
@@ -118,7 +112,11 @@ type Workers struct {
 	// TemplateErr is set).
 	Template    *unstructured.Unstructured
 	TemplateErr error
-	Analysis    Analysis
+	// Required is what this template must declare: the cluster's set and, when CAPK will SSH
+	// into these VMs, 22/TCP (ForWorkers); Analysis and Plan are made against it. Empty
+	// when nothing is known to be required.
+	Required Set
+	Analysis Analysis
 	// Plan is what guestnet does about it (the workerports controller applies it; the
 	// PortsDeclared conditions and diagnose report it).
 	Plan Plan
@@ -172,8 +170,9 @@ func oldMachines(mds []clusterv1.MachineDeployment, machineSets []clusterv1.Mach
 }
 
 // ListWorkers reads the cluster's MachineDeployments that use KubevirtMachineTemplates,
-// analyses each template against required, and plans what guestnet does about each (no plan
-// when required is empty: nothing is known to be required).
+// analyses each template against what it must declare (required, the cluster's set, plus
+// 22/TCP where CAPK will SSH into its VMs: ForWorkers) and plans what guestnet does about
+// each (no plan when required is empty: nothing is known to be required).
 func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster, required Set) ([]Workers, error) {
 	mds := &clusterv1.MachineDeploymentList{}
 	if err := host.List(ctx, mds, client.InNamespace(cluster.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
@@ -184,6 +183,8 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 		return nil, err
 	}
 	old := oldMachines(mds.Items, machineSets.Items)
+	// Whether CAPK has SSH keys for the cluster's VMs: read once, when a template needs it.
+	var hasKeys *bool
 	var out []Workers
 	for i := range mds.Items {
 		md := &mds.Items[i]
@@ -206,7 +207,15 @@ func ListWorkers(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 			}
 		} else {
 			w.Template = tmpl
-			if w.Analysis, err = Analyze(tmpl, required); err != nil {
+			if len(required) > 0 && hasKeys == nil {
+				keys, err := CAPKHasSSHKeys(ctx, host, cluster)
+				if err != nil {
+					return nil, err
+				}
+				hasKeys = &keys
+			}
+			w.Required = ForWorkers(required, hasKeys != nil && *hasKeys, tmpl)
+			if w.Analysis, err = Analyze(tmpl, w.Required); err != nil {
 				w.TemplateErr = err
 			}
 		}
@@ -240,13 +249,14 @@ func TopologyValue(ports []Port) string {
 
 // SetPortsDeclaredCondition sets PortsDeclared on obj: whether the ports obj needs (own) are
 // declared on every worker template of the cluster and every worker runs that template.
-// clusterSet is everything the cluster's workers need: for topology-managed workers the
-// message gives the full variable value, since the variable replaces the list as a whole.
-func SetPortsDeclaredCondition(obj conditions.Setter, own, clusterSet Set, workers []Workers) {
-	conditions.Set(obj, portsDeclaredCondition(own, clusterSet, workers))
+// For topology-managed workers the message gives the full variable value (everything the
+// workers need, Workers.Required, and what they declare already), since the variable
+// replaces the list as a whole.
+func SetPortsDeclaredCondition(obj conditions.Setter, own Set, workers []Workers) {
+	conditions.Set(obj, portsDeclaredCondition(own, workers))
 }
 
-func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condition {
+func portsDeclaredCondition(own Set, workers []Workers) metav1.Condition {
 	c := metav1.Condition{Type: guestnetv1.PortsDeclaredCondition, Status: metav1.ConditionFalse}
 	if len(own) == 0 {
 		c.Status, c.Reason = metav1.ConditionTrue, guestnetv1.PortsNotRequestedReason
@@ -286,7 +296,7 @@ func portsDeclaredCondition(own, clusterSet Set, workers []Workers) metav1.Condi
 				continue
 			}
 			if w.TopologyOwned() {
-				all := clusterSet.Union(NewSet(declaredAsRequirements(w.Analysis.Declared)...))
+				all := w.Required.Union(NewSet(declaredAsRequirements(w.Analysis.Declared)...))
 				topology = append(topology, fmt.Sprintf("MachineDeployment %s belongs to the Cluster topology and its KubevirtMachineTemplate %s lacks %s; "+
 					"guestnet never edits topology-managed workers: set the Cluster topology variable guestnet to %s "+
 					"(keep its ingress and webhookBridge as they are: the ClusterClass declares their ports itself)",
@@ -365,6 +375,6 @@ func ReportPortsDeclared(ctx context.Context, host, guest client.Reader, cluster
 	if err != nil {
 		return err
 	}
-	SetPortsDeclaredCondition(obj, own, clusterSet, workers)
+	SetPortsDeclaredCondition(obj, own, workers)
 	return nil
 }

@@ -28,11 +28,12 @@ func workers(name string, state TemplateState, declared []Port, mutate ...func(*
 
 func TestPortsDeclaredCondition(t *testing.T) {
 	own := NewSet(Requirement{Port: TCP(30080)}, Requirement{Port: TCP(30443)})
-	cluster := Base(true).Union(own)
+	cluster := Base(false).Union(own)
 	declared := []Port{TCP(22), TCP(10250), TCP(30080), TCP(30443)}
 	rolling := func(w *Workers) { w.MachineDeployment.Status.UpToDateReplicas = ptr.To[int32](1) }
 	topology := func(w *Workers) {
 		w.MachineDeployment.Labels = map[string]string{clusterv1.ClusterTopologyOwnedLabel: ""}
+		w.Required = cluster
 	}
 
 	tests := []struct {
@@ -88,7 +89,7 @@ func TestPortsDeclaredCondition(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			c := portsDeclaredCondition(tt.own, cluster, tt.workers)
+			c := portsDeclaredCondition(tt.own, tt.workers)
 			g.Expect(c.Type).To(Equal(guestnetv1.PortsDeclaredCondition))
 			g.Expect(c.Status).To(Equal(tt.wantStatus))
 			g.Expect(c.Reason).To(Equal(tt.wantReason))

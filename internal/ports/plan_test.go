@@ -128,13 +128,13 @@ func TestPortsDeclaredConditionWhenGuestnetStops(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			c := portsDeclaredCondition(own, cluster, []Workers{tt.workers})
+			c := portsDeclaredCondition(own, []Workers{tt.workers})
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 			g.Expect(c.Reason).To(Equal(tt.wantReason))
 			for _, m := range tt.wantInMsg {
 				g.Expect(c.Message).To(ContainSubstring(m))
 			}
-			again := portsDeclaredCondition(own, cluster, []Workers{tt.workers})
+			again := portsDeclaredCondition(own, []Workers{tt.workers})
 			g.Expect(again.Message).To(Equal(c.Message), "stable: an unchanged world writes nothing")
 		})
 	}

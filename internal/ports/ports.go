@@ -4,8 +4,9 @@
 // With masquerade networking, a VM whose interface lists ports receives only those ports:
 // every other packet stays in the virt-launcher pod, which refuses it (docs/runbook.md, "a port the VMs do not declare"). The port set of a
 // cluster is computed here, in one place, for every consumer: GuestIngress nodePorts,
-// GuestWebhookBridge nodePort ranges, the guest Cilium tunnel, SSH, the kubelet and the
-// ports users add themselves.
+// GuestWebhookBridge nodePort ranges, the guest Cilium tunnel, the kubelet, CAPK's SSH
+// bootstrap check (per worker template, only when CAPK will SSH) and the ports users add
+// themselves.
 package ports
 
 import (
@@ -121,14 +122,19 @@ func JoinPorts(ports []Port) string {
 	return strings.Join(parts, ", ")
 }
 
+// SSHReason is why 22/TCP is required when it is: CAPK's bootstrap check SSHes into the VMs.
+const SSHReason = "SSH: CAPK's ssh bootstrap check (KubevirtCluster not externally managed)"
+
 // Base is what every worker needs whatever runs on it: the kubelet (logs, exec,
-// metrics-server scrapes), and SSH only when CAPK will SSH into the VMs for its bootstrap
-// check (capkSSH, CAPKWillSSH). No port is declared only for an operator's SSH: 22 stays
-// declarable (a template's own, the extra-worker-ports annotation).
+// metrics-server scrapes), and 22/TCP only when CAPK will SSH into the VMs for its bootstrap
+// check (capkSSH: CAPKWillSSH of the worker's template). No port is declared only for an
+// operator's SSH: 22 stays declarable (a template that lists it keeps it, the
+// extra-worker-ports annotation and the topology variable's workerPorts add it), guestnet
+// just never adds it on its own when CAPK does not SSH.
 func Base(capkSSH bool) Set {
 	set := NewSet(Requirement{Port: TCP(10250), Reasons: []string{"kubelet"}})
 	if capkSSH {
-		set = set.Union(NewSet(Requirement{Port: TCP(22), Reasons: []string{"SSH: CAPK's ssh bootstrap check (KubevirtCluster not externally managed)"}}))
+		set = set.Union(NewSet(Requirement{Port: TCP(22), Reasons: []string{SSHReason}}))
 	}
 	return set
 }
@@ -136,16 +142,23 @@ func Base(capkSSH bool) Set {
 // KubevirtClusterGVK is CAPK's infrastructure cluster kind.
 var KubevirtClusterGVK = KubevirtMachineTemplateGVK.GroupVersion().WithKind("KubevirtCluster")
 
-// CAPKWillSSH reports whether CAPK SSHes into the cluster's VMs: it generates SSH keys for a
-// KubevirtCluster only when that is not externally managed (no annotation
-// cluster.x-k8s.io/managed-by: sigs.k8s.io/cluster-api-provider-kubevirt v0.11.2
-// controllers/kubevirtcluster_controller.go), and checks a VM is bootstrapped over SSH with
-// those keys when the template's checkStrategy is ssh or unset (pkg/kubevirt/machine.go
-// IsBootstrapped; guestnet does not read checkStrategy: a KubevirtCluster CAPK manages always
-// counts); the shipped templates' KubevirtCluster is managed by k0smotron. A
-// KubevirtCluster guestnet cannot read (not created yet, another infrastructure kind) counts
-// as one CAPK SSHes into: 22 is then required, as before.
-func CAPKWillSSH(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (bool, error) {
+// Where a KubevirtMachineTemplate says how CAPK checks that a VM is bootstrapped: CAPK
+// v0.11.2 api/v1alpha1/kubevirtmachine_types.go, KubevirtMachineSpec.BootstrapCheckSpec
+// (json virtualMachineBootstrapCheck), VirtualMachineBootstrapCheckSpec.CheckStrategy (json
+// checkStrategy, enum none|ssh, default ssh), under the template's spec.template.spec.
+var checkStrategyPath = []string{"spec", "template", "spec", "virtualMachineBootstrapCheck", "checkStrategy"}
+
+// CAPKHasSSHKeys reports whether CAPK has SSH keys for the cluster's VMs, i.e. whether the
+// Cluster's KubevirtCluster is not externally managed. In CAPK v0.11.2 an externally managed
+// KubevirtCluster (CAPI's annotation cluster.x-k8s.io/managed-by present, whatever its value:
+// cluster-api util/annotations IsExternallyManaged) is left alone by the KubevirtCluster
+// controller, which then generates no keys (controllers/kubevirtcluster_controller.go
+// Reconcile), and the KubevirtMachine controller fetches keys only when it is not
+// (controllers/kubevirtmachine_controller.go reconcileNormal); the shipped templates'
+// KubevirtCluster is managed by k0smotron. A KubevirtCluster guestnet cannot read (not
+// created yet, another infrastructure kind) counts as one CAPK has keys for: 22 is then
+// required where the template's checkStrategy asks for SSH, as before.
+func CAPKHasSSHKeys(ctx context.Context, host client.Reader, cluster *clusterv1.Cluster) (bool, error) {
 	ref := cluster.Spec.InfrastructureRef
 	if ref.Kind != KubevirtClusterGVK.Kind || ref.APIGroup != KubevirtClusterGVK.Group || ref.Name == "" {
 		return true, nil
@@ -160,6 +173,34 @@ func CAPKWillSSH(ctx context.Context, host client.Reader, cluster *clusterv1.Clu
 	}
 	_, external := kc.GetAnnotations()[clusterv1.ManagedByAnnotation]
 	return !external, nil
+}
+
+// CAPKWillSSH reports whether CAPK SSHes into the VMs made from a worker template, given
+// whether it has SSH keys for the cluster (CAPKHasSSHKeys). This is the one place that
+// decides whether 22/TCP is required. CAPK v0.11.2 runs its bootstrap check only when it has
+// keys (pkg/kubevirt/machine.go SupportsCheckingIsBootstrapped, called from
+// controllers/kubevirtmachine_controller.go reconcileNormal), and the check SSHes only when
+// the KubevirtMachine's checkStrategy is "ssh" or unset; "none" skips it
+// (pkg/kubevirt/machine.go IsBootstrapped, IsBootstrappedWithSSH). KubevirtMachines get
+// their spec from the MachineDeployment's KubevirtMachineTemplate, so its checkStrategy is
+// the one read here. (CAPK also skips the check when the bootstrap data lacks its key;
+// guestnet does not read bootstrap data and requires 22 then.)
+func CAPKWillSSH(hasKeys bool, tmpl *unstructured.Unstructured) bool {
+	if !hasKeys {
+		return false
+	}
+	strategy, _, _ := unstructured.NestedString(tmpl.Object, checkStrategyPath...)
+	return strategy == "" || strategy == "ssh"
+}
+
+// ForWorkers is what the workers made from tmpl must accept: the cluster's set (ForCluster),
+// and 22/TCP when CAPK will SSH into them (CAPKWillSSH). Nothing when cluster is empty:
+// nothing is known to be required.
+func ForWorkers(cluster Set, hasKeys bool, tmpl *unstructured.Unstructured) Set {
+	if len(cluster) == 0 {
+		return nil
+	}
+	return cluster.Union(Base(CAPKWillSSH(hasKeys, tmpl)))
 }
 
 // Cilium's defaults when cilium-config does not set tunnel-port.
