@@ -272,6 +272,8 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		WatchFilterValue: o.WatchFilterValue,
 		AgentImage:       agentImage,
 		AgentImageError:  agentImageErr,
+		HostAddresses:    hostAddresses,
+		Cilium:           gates.Cilium,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestNodeIdentityConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestNodeIdentity controller: %w", err)
 	}

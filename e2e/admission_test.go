@@ -48,12 +48,12 @@ import (
 // The policies of the release, by name, and the ClusterRole whose holders they let through.
 var admissionPolicies = []string{
 	"guestnet-kubeconfig-secrets", "guestnet-finalizers", "guestnet-host-services", "guestnet-watch-filter", "guestnet-pause",
-	"guestnet-control-plane-endpoint", "guestnet-kubevirt-namespaces",
+	"guestnet-control-plane-endpoint", "guestnet-kubevirt-namespaces", "guestnet-control-plane-service-annotations",
 }
 
 const admissionExemptRole = "guestnet-admission-exempt"
 
-// The release file holds the seven policies, a binding for each, and the exemption's
+// The release file holds the eight policies, a binding for each, and the exemption's
 // ClusterRole and ClusterRoleBinding, labelled for clusterctl; none of it is in the components
 // file (the admission is optional), and the exemption's role is aggregated nowhere.
 func TestAdmission_ReleaseFile(t *testing.T) {
@@ -253,6 +253,22 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 				"spec": map[string]any{"controlPlaneServiceTemplate": map[string]any{
 					"metadata": map[string]any{"namespace": "victim-ns"}, "spec": map[string]any{"type": "ClusterIP"}}},
 			}})},
+		{name: "control-plane-lbipam-k0smotron", policy: "guestnet-control-plane-service-annotations",
+			message: fmt.Sprintf("may not create K0smotronControlPlane %s/asks with the annotation lbipam.cilium.io/ips for its control plane Service", ns),
+			do: create(&unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": lab.ControlPlaneGVK.GroupVersion().String(), "kind": lab.ControlPlaneGVK.Kind,
+				"metadata": map[string]any{"namespace": ns, "name": "asks"},
+				"spec": map[string]any{"version": "v1.37.2", "service": map[string]any{"type": "LoadBalancer",
+					"annotations": map[string]any{"lbipam.cilium.io/ips": "10.244.0.1", "example.com/team": "web"}}},
+			}})},
+		{name: "control-plane-sharing-key-capk", policy: "guestnet-control-plane-service-annotations",
+			message: fmt.Sprintf("may not create KubevirtCluster %s/shares with the annotation lbipam.cilium.io/sharing-key for its control plane Service", ns),
+			do: create(&unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": ports.KubevirtMachineTemplateGVK.GroupVersion().String(), "kind": "KubevirtCluster",
+				"metadata": map[string]any{"namespace": ns, "name": "shares"},
+				"spec": map[string]any{"controlPlaneServiceTemplate": map[string]any{
+					"metadata": map[string]any{"annotations": map[string]any{"lbipam.cilium.io/sharing-key": "victim"}}, "spec": map[string]any{"type": "LoadBalancer"}}},
+			}})},
 	}
 
 	// Without the policies, the tenant's RBAC alone allows every one of them.
@@ -284,6 +300,12 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 			},
 			"label its Cluster":             patch(cluster, `{"metadata":{"labels":{"example.com/team":"web"}}}`),
 			"keep its VMs in its namespace": create(vmTemplateIn(ns)),
+			"annotate its control plane Service with its own keys": create(&unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": lab.ControlPlaneGVK.GroupVersion().String(), "kind": lab.ControlPlaneGVK.Kind,
+				"metadata": map[string]any{"namespace": ns, "name": "own-keys"},
+				"spec": map[string]any{"version": "v1.37.2", "service": map[string]any{"type": "LoadBalancer",
+					"annotations": map[string]any{"example.com/team": "web"}}},
+			}}),
 		} {
 			g.Expect(do(ctx, tenant)).To(Succeed(), name)
 		}

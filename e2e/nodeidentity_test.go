@@ -43,13 +43,18 @@ type nodeIdentityEnv struct {
 
 func newNodeIdentityEnv(t *testing.T, subnet string, kubelet lab.KubeletMode) *nodeIdentityEnv {
 	t.Helper()
+	return newNodeIdentityEnvIn(t, startLab(t), uniqueName("nodeid"), subnet, kubelet)
+}
+
+// newNodeIdentityEnvIn is newNodeIdentityEnv in namespace ns, the guest Cluster created with opts.
+func newNodeIdentityEnvIn(t *testing.T, l *lab.Lab, ns, subnet string, kubelet lab.KubeletMode, opts ...lab.GuestClusterOption) *nodeIdentityEnv {
+	t.Helper()
 	g := NewWithT(t)
-	l := startLab(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	e := &nodeIdentityEnv{l: l, ctx: ctx, ns: uniqueName("nodeid")}
+	e := &nodeIdentityEnv{l: l, ctx: ctx, ns: ns}
 	var err error
-	e.gc, err = l.CreateGuestCluster(ctx, e.ns, "guest", lab.WorkerTemplateOptions{Ports: []int32{10250, 30080}, UDPPorts: []int32{8473}})
+	e.gc, err = l.CreateGuestCluster(ctx, e.ns, "guest", lab.WorkerTemplateOptions{Ports: []int32{10250, 30080}, UDPPorts: []int32{8473}}, opts...)
 	g.Expect(err).NotTo(HaveOccurred())
 	e.kv, err = l.StartKubeVirtStandIn(ctx, e.ns, lab.KubeVirtOptions{
 		WorkerSubnet: subnet, KernelDatapath: true, GuestKubelet: kubelet,

@@ -18,6 +18,11 @@ const (
 	// node IP is a local address of each VM and KubeVirt's masquerade address is translated
 	// to it and back.
 	NodeAgentCondition = "NodeAgent"
+
+	// ControlPlaneAddressCondition says whether the control plane's host Service has the
+	// address of spec.controlPlane, admitted by a GuestIngressPolicy and announced the way a
+	// GuestIngress's is. Absent when spec.controlPlane is not set.
+	ControlPlaneAddressCondition = "ControlPlaneAddress"
 )
 
 // GuestNodeIdentity condition reasons.
@@ -50,6 +55,21 @@ const (
 	// NodeAgentRemovingReason: the object is being deleted; the agents take off what they put
 	// in the kernels before guestnet deletes them.
 	NodeAgentRemovingReason = "NodeAgentRemoving"
+
+	// ControlPlaneAddressReadyReason: the control plane's Service has the admitted address and
+	// the Cluster's control plane endpoint is that address.
+	ControlPlaneAddressReadyReason = "ControlPlaneAddressReady"
+	// ControlPlaneServiceNotFoundReason: the control plane's host Service does not exist (yet):
+	// the control plane provider creates it when its Service type is LoadBalancer.
+	ControlPlaneServiceNotFoundReason = "ControlPlaneServiceNotFound"
+	// ControlPlaneServiceNotLoadBalancerReason: the control plane's host Service is not of type
+	// LoadBalancer, or its loadBalancerClass is one Cilium does not serve.
+	ControlPlaneServiceNotLoadBalancerReason = "ControlPlaneServiceNotLoadBalancer"
+	// ControlPlaneEndpointElsewhereReason: the Service has the address but the Cluster's
+	// spec.controlPlaneEndpoint, which Cluster API sets once, names another host.
+	ControlPlaneEndpointElsewhereReason = "ControlPlaneEndpointElsewhere"
+	// IPPendingReason, PoolConflictReason, HostObjectConflictReason (GuestIngress's) and the
+	// Admitted reasons of common_types.go are used as well.
 )
 
 // NodeAddressesMode says who writes the guest Nodes' addresses.
@@ -81,6 +101,42 @@ type GuestNodeIdentitySpec struct {
 	// +optional
 	// +kubebuilder:default=Managed
 	NodeAddresses NodeAddressesMode `json:"nodeAddresses,omitempty"`
+
+	// controlPlane gives the control plane's host LoadBalancer Service an address that works
+	// from inside the VMs and from outside, admitted by a GuestIngressPolicy and announced as
+	// a GuestIngress's is. The control plane provider makes it the Cluster's endpoint (the
+	// workers' join address); it must be set when the Cluster is created, because Cluster API
+	// sets the endpoint once.
+	// +optional
+	ControlPlane *ControlPlaneAddressSpec `json:"controlPlane,omitempty"`
+}
+
+// ControlPlaneAddressSpec is the load-balancer address of a hosted control plane. guestnet
+// creates a CiliumLoadBalancerIPPool holding only ip and selecting only the Service, an L2
+// announcement policy for it, and requests ip on the Service (lbipam.cilium.io/ips, with its
+// own field manager); it changes nothing else of the Service, which the control plane
+// provider owns.
+type ControlPlaneAddressSpec struct {
+	// serviceName is the control plane's host Service in this namespace. Defaults to
+	// k0smotron's kmc-<control plane name>-lb for a Cluster whose controlPlaneRef is a
+	// K0smotronControlPlane (whose spec.service.type must be LoadBalancer).
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="serviceName must be a Service name: lower-case letters, digits and '-', starting with a letter"
+	ServiceName string `json:"serviceName,omitempty"`
+
+	// ip is the control plane's address, e.g. 10.2.6.221.
+	// +required
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="ip must be an IPv4 or IPv6 address, e.g. 10.2.6.221"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="controlPlane.ip is immutable: the Cluster's endpoint, its certificates and every kubeconfig carry it"
+	IP string `json:"ip"`
+
+	// l2 says which host nodes and interfaces announce the address, within what the
+	// admitting GuestIngressPolicy allows.
+	// +optional
+	L2 *L2AnnouncementSpec `json:"l2,omitempty"`
 }
 
 // GuestNodeIdentityStatus is what guestnet observed and did.
@@ -98,11 +154,16 @@ type GuestNodeIdentityStatus struct {
 	// +optional
 	AgentsReady int32 `json:"agentsReady"`
 
+	// controlPlaneAddress is the address the control plane's Service got (spec.controlPlane).
+	// +optional
+	ControlPlaneAddress string `json:"controlPlaneAddress,omitempty"`
+
 	// observedGeneration is the generation this status was computed for.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Ready, Paused, ClusterAvailable, NodeAddresses, NodeAgent.
+	// conditions: Ready, Paused, ClusterAvailable, NodeAddresses, NodeAgent and, with
+	// spec.controlPlane, ControlPlaneAddress.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -116,6 +177,7 @@ type GuestNodeIdentityStatus struct {
 // +kubebuilder:printcolumn:name="Nodes",type="integer",JSONPath=".status.nodes",description="Guest Nodes"
 // +kubebuilder:printcolumn:name="Pod IP",type="integer",JSONPath=".status.nodesWithPodIP",description="Nodes whose InternalIPs are their pod IPs"
 // +kubebuilder:printcolumn:name="Agents",type="integer",JSONPath=".status.agentsReady",description="Agents ready"
+// +kubebuilder:printcolumn:name="Control plane",type="string",JSONPath=".status.controlPlaneAddress",description="The control plane's load-balancer address",priority=1
 // +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 

@@ -24,7 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -33,6 +35,10 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/virtlauncher"
@@ -59,6 +65,14 @@ type Reconciler struct {
 	// AgentImageError says why it is not known (then no agent is applied).
 	AgentImage      string
 	AgentImageError error
+
+	// HostAddresses keeps the host's own addresses, which a control plane address never is
+	// (shared with the GuestIngress controller; made here when nil).
+	HostAddresses *hostaddrs.Watcher
+
+	// Cilium says whether the host serves Cilium's pools and L2 policies: their watches
+	// start once it does.
+	Cilium *optional.Gate
 
 	recorder   events.EventRecorder
 	controller controller.Controller
@@ -94,6 +108,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestNodeIdentity{}); err != nil {
 		return err
 	}
+	if r.HostAddresses == nil {
+		w, err := hostaddrs.NewWatcher(mgr)
+		if err != nil {
+			return err
+		}
+		r.HostAddresses = w
+	}
 	predicateLog := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	filter := predicates.ResourceHasFilterLabel(mgr.GetScheme(), predicateLog, r.WatchFilterValue)
 	clusterToObjects := clusterscope.ClusterToObjects(mgr.GetClient(),
@@ -107,6 +128,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToObjects)).
 		// The manager's cache holds only worker virt-launcher pods (internal/manager).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.workerPodToObjects)).
+		// Admission of the control plane addresses: the policies, the namespaces' labels and
+		// the host's own addresses.
+		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.withControlPlane)).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.withControlPlane),
+			builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		WatchesRawSource(r.HostAddresses.Source(handler.EnqueueRequestsFromMapFunc(r.withControlPlane))).
 		WithOptions(options).
 		Build(r)
 	if err != nil {
@@ -114,7 +141,51 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	r.controller = c
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
-	return nil
+	if r.Cilium == nil {
+		return nil
+	}
+	// The control plane's pool (Cilium's PoolConflict) and L2 policy (repaired when changed
+	// or deleted by someone else), once Cilium is installed.
+	return r.Cilium.WhenInstalled(ctx, func(context.Context) error {
+		for _, obj := range []client.Object{ingress.NewPool(), ingress.NewL2Policy()} {
+			if err := c.Watch(source.Kind(mgr.GetCache(), obj, handler.EnqueueRequestsFromMapFunc(controlPlaneObjectToObject))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// withControlPlane maps any event to every GuestNodeIdentity with spec.controlPlane (few: one
+// per Cluster that asks for a control plane address).
+func (r *Reconciler) withControlPlane(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &guestnetv1.GuestNodeIdentityList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestNodeIdentities")
+		return nil
+	}
+	var requests []reconcile.Request
+	for i := range list.Items {
+		gni := &list.Items[i]
+		if gni.Spec.ControlPlane == nil {
+			continue
+		}
+		if ns, ok := o.(*corev1.Namespace); ok && ns.Name != gni.Namespace {
+			continue
+		}
+		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gni)})
+	}
+	return requests
+}
+
+// controlPlaneObjectToObject maps a pool or L2 policy guestnet made for a control plane
+// address to its GuestNodeIdentity.
+func controlPlaneObjectToObject(_ context.Context, o client.Object) []reconcile.Request {
+	ns, name, ok := strings.Cut(o.GetAnnotations()[ownership.NodeIdentityAnnotation], "/")
+	if !ok || o.GetLabels()[ownership.ManagedByLabel] != ownership.ManagedByValue {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}}
 }
 
 // clusterToObjects maps any event of a guest object of the Cluster key to its
@@ -143,6 +214,14 @@ func (r *Reconciler) workerPodToObjects(ctx context.Context, o client.Object) []
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // The worker virt-launcher pods: their status.podIPs are the Nodes' InternalIPs.
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// The control plane address (spec.controlPlane): admission reads the policies, the
+// namespaces and the host's addresses (internal/hostaddrs); guestnet applies a pool and an L2
+// policy, and its lbipam.cilium.io/ips annotation on the control plane's Service (read live).
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresspolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=guestnet.addons.cluster.x-k8s.io,resources=guestingresses,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;patch
+// +kubebuilder:rbac:groups=cilium.io,resources=ciliumloadbalancerippools;ciliuml2announcementpolicies,verbs=get;list;watch;create;patch;delete
 // In the guest, guestnet acts with the identity of the <cluster>-kubeconfig Secret: it reads
 // Nodes and patches their status.addresses and taints, and applies its agent (a namespace, a
 // ServiceAccount, a ClusterRole and its binding, a DaemonSet); no host RBAC is involved.
@@ -171,7 +250,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}()
 
 	if s.paused = prologue.Paused(ctx, gni, cluster); s.paused {
-		return ctrl.Result{}, nil
+		// Paused: no new change, but a control plane address no policy admits any more is
+		// still taken off (held within admitted, as for a GuestIngress).
+		_, err := r.reconcileControlPlane(ctx, s)
+		return ctrl.Result{}, err
 	}
 	if !gni.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)

@@ -44,20 +44,27 @@ const (
 var readyConditions = []string{guestnetv1.ClusterAvailableCondition, guestnetv1.NodeAddressesCondition, guestnetv1.NodeAgentCondition}
 
 // ownedConditions are all conditions this controller writes.
-var ownedConditions = append([]string{guestnetv1.ReadyCondition, guestnetv1.PausedCondition}, readyConditions...)
+var ownedConditions = append([]string{guestnetv1.ReadyCondition, guestnetv1.PausedCondition, guestnetv1.ControlPlaneAddressCondition}, readyConditions...)
 
-// setReadyCondition summarises readyConditions into Ready.
+// setReadyCondition summarises readyConditions into Ready, and ControlPlaneAddress first when
+// spec.controlPlane asks for one (the guest is reached at it).
 func setReadyCondition(gni *guestnetv1.GuestNodeIdentity) {
-	status.SetReadyCondition(gni, readyConditions...)
+	summarised := readyConditions
+	if gni.Spec.ControlPlane != nil {
+		summarised = append([]string{guestnetv1.ControlPlaneAddressCondition}, readyConditions...)
+	}
+	status.SetReadyCondition(gni, summarised...)
 }
 
 // reconcileNormal connects to the guest, writes the Nodes' addresses and applies the agent.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (reconcileresult.Result, error) {
 	gni := s.gni
+	// The control plane address first: without it the guest may not be reachable at all.
+	poll, cpErr := r.reconcileControlPlane(ctx, s)
 	guestClient, err := clusterscope.Connect(ctx, r.ClusterCache, gni, s.cluster)
-	if err != nil || guestClient == nil {
+	if err != nil || guestClient == nil || cpErr != nil {
 		// Not reachable yet: the Cluster watch or the ClusterCache connect event brings us back.
-		return reconcileresult.Result{}, err
+		return reconcileresult.Result{RequeueAfter: poll}, errors.Join(cpErr, err)
 	}
 	s.guestClient = guestClient
 	if err := r.watchGuest(ctx, s); err != nil {
@@ -66,8 +73,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (reconcilere
 	internalIPs, nodeErr := r.reconcileNodes(ctx, s)
 	agentErr := r.reconcileAgent(ctx, s, false)
 	again, ciliumErr := r.restartStaleCiliumAgents(ctx, s, internalIPs)
-	result := reconcileresult.Result{}
-	if again {
+	result := reconcileresult.Result{RequeueAfter: poll}
+	if again && (poll == 0 || ciliumRecheckEvery < poll) {
 		result.RequeueAfter = ciliumRecheckEvery
 	}
 	return result, errors.Join(nodeErr, agentErr, ciliumErr)
@@ -347,7 +354,8 @@ func setNodeAgentCondition(gni *guestnetv1.GuestNodeIdentity, st nodeagent.Statu
 }
 
 // reconcileDelete takes the agent out: first a rollout with --remove (each agent takes off
-// what it put in its VM's kernel), then its objects. The Nodes keep their addresses (they are
+// what it put in its VM's kernel), then its objects, and last the control plane address (the
+// guest is reached at it). The Nodes keep their addresses (they are
 // right, and the kubelet in external mode does not write them again). A guest that is gone
 // has nothing left to take out.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (reconcileresult.Result, error) {
@@ -362,6 +370,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (reconcilere
 		}
 		record.Written(ctx, r.recorder, gni, record.Write{Type: corev1.EventTypeWarning, Reason: guestnetv1.GuestGoneReason, Action: "Release",
 			Note: fmt.Sprintf("Gave up on the guest (%s): the node agent and what it put in the VMs' kernels stay there", why)})
+		if err := r.withdrawControlPlane(ctx, s, "the GuestNodeIdentity is deleted"); err != nil {
+			return reconcileresult.Result{}, err
+		}
 		controllerutil.RemoveFinalizer(gni, guestnetv1.GuestNodeIdentityFinalizer)
 		return reconcileresult.Result{}, nil
 	}
@@ -397,6 +408,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (reconcilere
 	}
 	record.Written(ctx, r.recorder, gni, record.Write{Type: corev1.EventTypeNormal, Reason: "NodeAgentDeleted", Action: "Delete",
 		Note: "The node agents took the node IP off lo and their nftables table in every VM; their objects are deleted from the guest"})
+	// Last: the agents were reached through the control plane address.
+	if err := r.withdrawControlPlane(ctx, s, "the GuestNodeIdentity is deleted"); err != nil {
+		return reconcileresult.Result{}, err
+	}
 	controllerutil.RemoveFinalizer(gni, guestnetv1.GuestNodeIdentityFinalizer)
 	return reconcileresult.Result{}, nil
 }

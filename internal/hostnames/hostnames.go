@@ -89,3 +89,11 @@ func withHash(name, base string, limit int) string {
 	prefix := strings.TrimRight(name[:keep], "-.")
 	return prefix + "-" + suffix
 }
+
+// ControlPlanePool names the CiliumLoadBalancerIPPool (and the CiliumL2AnnouncementPolicy)
+// guestnet creates for the control plane address of gni: "<namespace>.<cluster>.control-plane",
+// e.g. "k0smotron.tenant-a.control-plane". A GuestIngress's pool of the same name (cluster
+// "tenant-a.control", GuestIngress "plane") is told apart by its marks (internal/ownership).
+func ControlPlanePool(gni *guestnetv1.GuestNodeIdentity) string {
+	return ObjectName(gni.Namespace + "." + gni.Spec.ClusterName + ".control-plane")
+}

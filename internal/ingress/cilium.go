@@ -93,10 +93,23 @@ func PoolPrefixes(gi *guestnetv1.GuestIngress) []netip.Prefix {
 
 // ServiceSelector pins a pool or policy to the one host Service of gi.
 func ServiceSelector(gi *guestnetv1.GuestIngress) map[string]any {
+	return ServiceSelectorOf(gi.Namespace, hostnames.HostService(gi))
+}
+
+// ServiceSelectorOf pins a pool or policy to the one Service namespace/name, by the
+// pseudo-labels Cilium matches selectors against.
+func ServiceSelectorOf(namespace, name string) map[string]any {
 	return map[string]any{"matchLabels": map[string]any{
-		ServiceNamespaceKey: gi.Namespace,
-		ServiceNameKey:      hostnames.HostService(gi),
+		ServiceNamespaceKey: namespace,
+		ServiceNameKey:      name,
 	}}
+}
+
+// Marks are the name, labels and annotations of a host object guestnet makes.
+type Marks struct {
+	Name        string
+	Labels      map[string]string
+	Annotations map[string]string
 }
 
 // Pool is the CiliumLoadBalancerIPPool guestnet applies for gi, nil with poolRef. Its
@@ -105,14 +118,20 @@ func Pool(gi *guestnetv1.GuestIngress) *unstructured.Unstructured {
 	if !OwnsPool(gi) {
 		return nil
 	}
+	return PoolFor(marksOf(hostnames.Pool(gi), gi), PoolPrefixes(gi), ServiceSelector(gi))
+}
+
+// PoolFor is a CiliumLoadBalancerIPPool holding prefixes for the Services of selector
+// (ServiceSelectorOf: one Service), marked with m. Every pool guestnet creates is built here.
+func PoolFor(m Marks, prefixes []netip.Prefix, selector map[string]any) *unstructured.Unstructured {
 	var blocks []any
-	for _, p := range PoolPrefixes(gi) {
+	for _, p := range prefixes {
 		blocks = append(blocks, map[string]any{"cidr": p.String()})
 	}
-	u := hostObject(PoolGVK, hostnames.Pool(gi), gi)
+	u := marked(PoolGVK, m)
 	u.Object["spec"] = map[string]any{
 		"blocks":          blocks,
-		"serviceSelector": ServiceSelector(gi),
+		"serviceSelector": selector,
 	}
 	return u
 }
@@ -136,12 +155,20 @@ func L2Policy(gi *guestnetv1.GuestIngress, a Announcement) (*unstructured.Unstru
 	if !AnnouncesL2(gi) {
 		return nil, nil
 	}
+	return L2PolicyFor(marksOf(hostnames.L2Policy(gi), gi), a, ServiceSelector(gi), "GuestIngress "+gi.Namespace+"/"+gi.Name)
+}
+
+// L2PolicyFor is a CiliumL2AnnouncementPolicy announcing the load-balancer IPs of the
+// Services of selector from the nodes and interfaces of a, marked with m; an error when a
+// names no interface (what names the claim in it). Every L2 policy guestnet creates is built
+// here.
+func L2PolicyFor(m Marks, a Announcement, selector map[string]any, what string) (*unstructured.Unstructured, error) {
 	if len(a.Interfaces) == 0 {
 		// Cilium reads no interfaces as "every interface": never built, whatever the caller.
-		return nil, fmt.Errorf("no host interface is admitted to announce GuestIngress %s/%s: refusing an L2 announcement policy on every interface", gi.Namespace, gi.Name)
+		return nil, fmt.Errorf("no host interface is admitted to announce %s: refusing an L2 announcement policy on every interface", what)
 	}
 	spec := map[string]any{
-		"serviceSelector": ServiceSelector(gi),
+		"serviceSelector": selector,
 		"loadBalancerIPs": true,
 	}
 	if len(a.Interfaces) > 0 {
@@ -160,16 +187,20 @@ func L2Policy(gi *guestnetv1.GuestIngress, a Announcement) (*unstructured.Unstru
 			spec["nodeSelector"] = sel
 		}
 	}
-	u := hostObject(L2PolicyGVK, hostnames.L2Policy(gi), gi)
+	u := marked(L2PolicyGVK, m)
 	u.Object["spec"] = spec
 	return u, nil
 }
 
-func hostObject(gvk schema.GroupVersionKind, name string, gi *guestnetv1.GuestIngress) *unstructured.Unstructured {
+func marksOf(name string, gi *guestnetv1.GuestIngress) Marks {
+	return Marks{Name: name, Labels: ownership.Labels(gi), Annotations: ownership.Annotations(gi)}
+}
+
+func marked(gvk schema.GroupVersionKind, m Marks) *unstructured.Unstructured {
 	u := newObject(gvk)
-	u.SetName(name)
-	u.SetLabels(ownership.Labels(gi))
-	u.SetAnnotations(ownership.Annotations(gi))
+	u.SetName(m.Name)
+	u.SetLabels(m.Labels)
+	u.SetAnnotations(m.Annotations)
 	return u
 }
 

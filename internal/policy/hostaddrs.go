@@ -21,7 +21,7 @@ import (
 // reserved: its IP, a CIDR (refused whole), or, with a poolRef and no IP, the shared pool that
 // LB-IPAM would choose its IP from.
 func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngressPolicy, reserved hostaddrs.Set,
-	pools map[string]*unstructured.Unstructured) (Decision, bool) {
+	pools map[string]*unstructured.Unstructured, w words) (Decision, bool) {
 	lb := gi.Spec.LoadBalancer
 	var what []string
 	var hit []hostaddrs.Entry
@@ -55,9 +55,9 @@ func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngress
 	return Decision{
 		Reason: guestnetv1.HostAddressReason,
 		Message: fmt.Sprintf("GuestIngressPolicy %s admits %s, but %s. The host cluster uses these addresses for itself and guestnet "+
-			"never hands them to a GuestIngress, whatever a policy admits; a range that holds one is refused as a whole. guestnet "+
-			"creates nothing on the host for this GuestIngress. Ask for addresses that leave them out.",
-			p.Name, describe(gi), listed(what, maxViolationsInMessage)),
+			"never hands them to a tenant, whatever a policy admits; a range that holds one is refused as a whole. guestnet "+
+			"creates nothing on the host for %s. Ask for addresses that leave them out.",
+			p.Name, describe(gi), listed(what, maxViolationsInMessage), w.subject),
 		Detail: "Host addresses asked for: " + entriesList(hit),
 	}, true
 }

@@ -77,7 +77,18 @@ const (
 // Admit decides whether in.GuestIngress is admitted. Everything not allowed by a policy
 // that selects the namespace is refused: no policy, an unreadable namespace, a policy that
 // cannot be evaluated all mean "not admitted".
-func Admit(in Input) Decision {
+func Admit(in Input) Decision { return admit(in, guestIngressWords) }
+
+// words name, in the messages of a decision, what is admitted and the field the tenant
+// changes; counted says whether it takes room under maxGuestIngressesPerNamespace.
+type words struct {
+	subject, field string
+	counted        bool
+}
+
+var guestIngressWords = words{subject: "this GuestIngress", field: "spec.loadBalancer", counted: true}
+
+func admit(in Input, w words) Decision {
 	gi := in.GuestIngress
 	policies := slices.Clone(in.Policies)
 	slices.SortFunc(policies, func(a, b guestnetv1.GuestIngressPolicy) int { return cmp.Compare(a.Name, b.Name) })
@@ -85,7 +96,7 @@ func Admit(in Input) Decision {
 	if in.Namespace == nil {
 		return Decision{Reason: guestnetv1.NoPolicyReason, Message: fmt.Sprintf(
 			"guestnet could not read namespace %s, so no GuestIngressPolicy can be matched to it; nothing is created on the host "+
-				"for this GuestIngress until it can", gi.Namespace)}
+				"for %s until it can", gi.Namespace, w.subject)}
 	}
 
 	var refusals []refusal
@@ -105,7 +116,7 @@ func Admit(in Input) Decision {
 			refusals = append(refusals, refusal{policy: p, what: v})
 			continue
 		}
-		if older, ok := withinQuota(p, gi, in.Siblings, in.Pools, host); !ok {
+		if older, ok := withinQuota(p, gi, in.Siblings, in.Pools, host); w.counted && !ok {
 			overQuota = append(overQuota, refusal{policy: p, older: older})
 			continue
 		}
@@ -114,7 +125,7 @@ func Admit(in Input) Decision {
 			refusals = append(refusals, refusal{policy: p, what: []string{err.Error()}})
 			continue
 		}
-		if d, refused := refuseHostAddresses(gi, p, host, in.Pools); refused {
+		if d, refused := refuseHostAddresses(gi, p, host, in.Pools, w); refused {
 			return d
 		}
 		return Decision{
@@ -132,7 +143,7 @@ func Admit(in Input) Decision {
 		detail = strings.TrimSpace(fmt.Sprintf("GuestIngressPolicy %s would allow it but does not select namespace %s (its namespaceSelector: %s). %s",
 			wouldAllow.Name, gi.Namespace, SelectorString(&wouldAllow.Spec.NamespaceSelector), detail))
 	}
-	const nothing = " guestnet creates nothing on the host for this GuestIngress."
+	nothing := " guestnet creates nothing on the host for " + w.subject + "."
 	switch {
 	case len(refusals) == 0 && len(overQuota) == 0:
 		msg := fmt.Sprintf("No GuestIngressPolicy selects namespace %s.%s", gi.Namespace, nothing) + other
@@ -157,7 +168,7 @@ func Admit(in Input) Decision {
 			parts = append(parts, r.String())
 		}
 		return Decision{Reason: guestnetv1.NotAllowedReason, Message: bounded(parts) + "." + nothing + other +
-			" Change spec.loadBalancer to what the policy allows, or ask the host admin.", Detail: detail}
+			" Change " + w.field + " to what the policy allows, or ask the host admin.", Detail: detail}
 	}
 }
 
@@ -241,7 +252,7 @@ func withinQuota(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, 
 		if s.Namespace != gi.Namespace || s.Name == gi.Name || !olderThan(s, gi) {
 			continue
 		}
-		if _, onHost := refuseHostAddresses(s, p, host, pools); len(violations(p, s, pools)) == 0 && !onHost {
+		if _, onHost := refuseHostAddresses(s, p, host, pools, guestIngressWords); len(violations(p, s, pools)) == 0 && !onHost {
 			older = append(older, s.Name)
 		}
 	}
