@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -553,7 +554,9 @@ func (e *topologyEnv) setVariable(cluster *clusterv1.Cluster, value any) {
 		raw, err = json.Marshal(value)
 		e.g.Expect(err).NotTo(HaveOccurred())
 	}
-	e.g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// CAPI's controllers write a new Cluster often (topology, conditions): retry for a while.
+	busy := wait.Backoff{Steps: 30, Duration: 20 * time.Millisecond, Factor: 1.3, Jitter: 0.2, Cap: time.Second}
+	e.g.Expect(retry.RetryOnConflict(busy, func() error {
 		c := &clusterv1.Cluster{}
 		if err := e.c.Get(e.ctx, client.ObjectKeyFromObject(cluster), c); err != nil {
 			return err
@@ -609,7 +612,11 @@ func (e *topologyEnv) eventuallyDeclared(cluster *clusterv1.Cluster, previous st
 		for _, p := range extra {
 			required = required.Union(ports.NewSet(ports.Requirement{Port: p}))
 		}
-		workers, err := ports.ListWorkers(e.ctx, e.c, cluster, required)
+		// The Cluster as it is now: the topology controller sets its infrastructureRef, which
+		// says whether CAPK SSHes into the VMs (22/TCP).
+		live := &clusterv1.Cluster{}
+		g.Expect(e.c.Get(e.ctx, key, live)).To(Succeed())
+		workers, err := ports.ListWorkers(e.ctx, e.c, live, required)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(workers).To(HaveLen(1))
 		w := workers[0]
