@@ -28,6 +28,10 @@ func Diagnose(s *State) *Report {
 		rep.add(checkTunnel(s))
 		rep.add(checkTargets(s)...)
 		rep.add(checkKonnectivity(s))
+	}
+	// The workers' join address, then their Nodes.
+	rep.add(checkControlPlaneEndpoint(s))
+	if guestOK {
 		rep.add(checkNodes(s)...)
 		rep.add(checkCiliumNodes(s)...)
 	}

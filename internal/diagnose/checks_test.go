@@ -36,7 +36,7 @@ func TestDiagnose_HealthyStateIsAllOK(t *testing.T) {
 		{CheckCluster, ns + "/" + clusterName}, {CheckGuest, ""}, {CheckWorkers, ""},
 		{CheckService, webHostService}, {CheckLoadBalancer, webHostService}, {CheckService, cmHostService}, {CheckService, msHostService},
 		{CheckPorts, mdName}, {CheckTunnel, ""}, {CheckAPIService, metricsAPI}, {CheckValidatingWebhook, cmConfig + "/" + cmWebhook},
-		{CheckKonnectivity, ""}, {CheckNodeAddress, ""}, {CheckCiliumNode, ""},
+		{CheckKonnectivity, ""}, {CheckControlPlaneEndpoint, ""}, {CheckNodeAddress, ""}, {CheckCiliumNode, ""},
 		{CheckAdmission, "web"}, {CheckGuestIngress, "web"}, {CheckGuestWebhookBridge, bridgeName},
 	} {
 		find(t, rep, item.check, item.object)

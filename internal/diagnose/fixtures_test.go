@@ -59,6 +59,11 @@ func healthy(t *testing.T) *State {
 		Namespace: ns, ClusterName: clusterName,
 		Cluster: &clusterv1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: clusterName},
+			// k0smotron's hosted control plane, at the load-balancer IP of its Service.
+			Spec: clusterv1.ClusterSpec{
+				ControlPlaneRef:      clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "K0smotronControlPlane", Name: clusterName},
+				ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: controlPlaneIP, Port: 6443},
+			},
 			Status: clusterv1.ClusterStatus{Initialization: clusterv1.ClusterInitializationStatus{
 				InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true)}},
 		},
@@ -75,7 +80,8 @@ func healthy(t *testing.T) *State {
 	for i, ip := range workerIPs {
 		s.Pods = append(s.Pods, workerPod(string(rune('a'+i)), ip, true))
 	}
-	s.Pods = append(s.Pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kmc-tenant-a-0", Labels: map[string]string{"app": "k0smotron"}}})
+	s.Pods = append(s.Pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: controlPlanePod, Labels: map[string]string{"app": "k0smotron"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: controlPlanePodIP, PodIPs: []corev1.PodIP{{IP: controlPlanePodIP}}}})
 
 	required := ports.Base(false)
 	for _, gi := range s.Ingresses {
@@ -94,6 +100,7 @@ func healthy(t *testing.T) *State {
 	}
 	s.Services[0].Spec.Type = corev1.ServiceTypeLoadBalancer
 	s.Services[0].Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "10.2.6.220"}}
+	s.Services = append(s.Services, controlPlaneService())
 
 	s.Guest = &Guest{Source: "Secret k0smotron/tenant-a-kubeconfig", Version: "v1.37.2", Services: guestServices()}
 	// Each worker's Node: named after its machine, providerID set by CAPK, its VM's pod IP as
@@ -110,6 +117,28 @@ func healthy(t *testing.T) *State {
 			Status: apiregistrationv1.APIServiceStatus{Conditions: []apiregistrationv1.APIServiceCondition{{Type: apiregistrationv1.Available, Status: apiregistrationv1.ConditionTrue, Reason: "Local"}}}},
 	}
 	return s
+}
+
+// The hosted control plane: k0smotron's pod and its LoadBalancer Service kmc-tenant-a-lb,
+// whose load-balancer IP is the Cluster's endpoint.
+const (
+	controlPlanePod       = "kmc-tenant-a-0"
+	controlPlanePodIP     = "10.244.0.9"
+	controlPlaneSvc       = "kmc-tenant-a-lb"
+	controlPlaneClusterIP = "10.97.0.100"
+	controlPlaneIP        = "10.2.6.221"
+)
+
+func controlPlaneService() corev1.Service {
+	return corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: controlPlaneSvc},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, ClusterIP: controlPlaneClusterIP, ClusterIPs: []string{controlPlaneClusterIP},
+			Selector: map[string]string{"app": "k0smotron", "cluster": clusterName},
+			Ports:    []corev1.ServicePort{{Name: "api", Port: 6443, TargetPort: intstr.FromInt32(6443)}},
+		},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: controlPlaneIP}}}},
+	}
 }
 
 func workerPod(suffix, ip string, ready bool) corev1.Pod {

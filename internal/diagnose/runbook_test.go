@@ -18,7 +18,7 @@ func TestRunbookAnchorsExist(t *testing.T) {
 		rbGuestUnreachable, rbKubeconfigRefused, rbNoWorkers, rbNoEndpoints, rbUndeclaredPort, rbTunnelPort, rbNoIP,
 		rbWorkerRollout, rbRepointStopped, rbAPIServiceAvailable, rbWebhookFailed, rbTLS, rbKonnectivity, rbHelmRevert,
 		rbWeakened, rbOrphaned, rbManager, rbNotAdmitted,
-		rbNodeAddress, rbNodeUninitialized, rbKubeletNotExternal, rbCiliumNodeIP,
+		rbNodeAddress, rbNodeUninitialized, rbKubeletNotExternal, rbCiliumNodeIP, rbControlPlaneEndpoint,
 	} {
 		path, anchor, ok := strings.Cut(rb, "#")
 		if !ok || path != runbookDoc {
