@@ -8,12 +8,14 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -150,14 +152,27 @@ func (l *Lab) installControlPlaneCRD() error {
 }
 
 // createControlPlane creates the guest cluster's K0smotronControlPlane, initialized and
-// ready, as k0smotron reports a running hosted control plane.
+// ready, as k0smotron reports a running hosted control plane; with
+// WithControlPlaneLoadBalancer, exposed through a LoadBalancer Service and without status
+// (the k0smotron stand-in writes it).
 func (l *Lab) createControlPlane(ctx context.Context, gc *GuestCluster) error {
 	cp := newUnstructured(controlPlaneGVK)
 	cp.SetNamespace(gc.Namespace)
 	cp.SetName(gc.Name)
 	cp.Object["spec"] = map[string]any{"version": "v1.37.2"}
+	if gc.controlPlaneLB {
+		// The cluster-name label CAPI adds: the stand-in names the Secret by it.
+		cp.SetLabels(map[string]string{clusterv1.ClusterNameLabel: gc.Name})
+		cp.Object["spec"].(map[string]any)["service"] = map[string]any{
+			"type": string(corev1.ServiceTypeLoadBalancer), "apiPort": int64(APIServerPort),
+			"konnectivityPort": int64(KonnectivityAgentPort), "loadBalancerClass": ciliumL2AnnouncerClass,
+		}
+	}
 	if err := l.Host.Client.Create(ctx, cp); err != nil {
 		return fmt.Errorf("creating K0smotronControlPlane: %w", err)
+	}
+	if gc.controlPlaneLB {
+		return nil
 	}
 	cp.Object["status"] = map[string]any{"initialized": true, "ready": true, "externalManagedControlPlane": true, "version": "v1.37.2"}
 	if err := l.Host.Client.Status().Update(ctx, cp); err != nil {

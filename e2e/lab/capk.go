@@ -97,7 +97,8 @@ func (l *Lab) StartCAPK(ctx context.Context, ns string) (_ *CAPK, err error) {
 // ForRealCAPI): what the lab plays around CAPK exists, as in a k0smotron cluster on KubeVirt:
 //   - the KubevirtCluster, externally managed (annotation cluster.x-k8s.io/managed-by: CAPK's
 //     KubevirtCluster controller then leaves it alone, no SSH keys, no load balancer) and
-//     ready, with the guest apiserver as control plane endpoint, as k0smotron reports it;
+//     ready, with the guest apiserver as control plane endpoint, as k0smotron reports it
+//     (none with WithControlPlaneLoadBalancer);
 //   - the workers' bootstrap data Secret (bootstrap.dataSecretName of the
 //     MachineDeployment, key "value"), as a bootstrap provider writes it: CAPK copies it
 //     into the VM's cloud-init Secret (<name>-userdata) and refuses to create a VM without.
@@ -109,6 +110,9 @@ func ForRealCAPK() GuestClusterOption {
 		kc.SetName(gc.Name)
 		kc.SetAnnotations(map[string]string{clusterv1.ManagedByAnnotation: "lab"})
 		kc.Object["spec"] = map[string]any{"controlPlaneEndpoint": map[string]any{"host": GuestAPIServerAddress, "port": int64(APIServerPort)}}
+		if gc.controlPlaneLB {
+			kc.Object["spec"] = map[string]any{} // the control plane's endpoint is the Cluster's
+		}
 		if err := c.Create(ctx, kc); err != nil {
 			return fmt.Errorf("creating KubevirtCluster: %w", err)
 		}

@@ -51,6 +51,9 @@ type ControlPlaneOptions struct {
 	// EgressSelectorConfig, when set, is the kube-apiserver's --egress-selector-config-file
 	// (the guest flavour with konnectivity, see konnectivity.go).
 	EgressSelectorConfig string
+	// ExternalIPs are more IP addresses the apiserver's serving certificate is valid for:
+	// addresses in front of it, as k0smotron adds a control plane's external address.
+	ExternalIPs []string
 }
 
 // ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
@@ -159,10 +162,18 @@ func (cp *ControlPlane) writePKI() error {
 	}
 	kubernetesServiceIP := append(net.IP(nil), serviceNet.IP.To4()...)
 	kubernetesServiceIP[3]++
+	ips := []net.IP{net.ParseIP(cp.Options.Address), kubernetesServiceIP, net.ParseIP("127.0.0.1")}
+	for _, a := range cp.Options.ExternalIPs {
+		ip := net.ParseIP(a)
+		if ip == nil {
+			return fmt.Errorf("external IP %q is not an IP address", a)
+		}
+		ips = append(ips, ip)
+	}
 	if err := ca.IssueFiles(dir, "apiserver", CertRequest{
 		CommonName: "kube-apiserver",
 		DNSNames:   []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"},
-		IPs:        []net.IP{net.ParseIP(cp.Options.Address), kubernetesServiceIP, net.ParseIP("127.0.0.1")},
+		IPs:        ips,
 		Server:     true,
 	}); err != nil {
 		return err

@@ -52,6 +52,9 @@ type GuestCluster struct {
 	// MachineDeployment that uses it (both "<cluster>-md-0").
 	WorkerTemplate    string
 	MachineDeployment string
+
+	// controlPlaneLB: WithControlPlaneLoadBalancer.
+	controlPlaneLB bool
 }
 
 // WorkerTemplateOptions shape the masquerade interface of the worker template.
@@ -74,7 +77,8 @@ type WorkerTemplateOptions struct {
 // CreateGuestCluster creates, in the host namespace ns, what CAPI and CAPK hold for a guest
 // cluster: the namespace, a provisioned Cluster, its <cluster>-kubeconfig Secret pointing at
 // the guest apiserver, a worker KubevirtMachineTemplate with a masquerade interface, and a
-// MachineDeployment using it.
+// MachineDeployment using it. With WithControlPlaneLoadBalancer the Cluster is neither
+// provisioned nor given an endpoint or a Secret: see there.
 func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl WorkerTemplateOptions, opts ...GuestClusterOption) (*GuestCluster, error) {
 	c := l.Host.Client
 	gc := &GuestCluster{Namespace: ns, Name: name, WorkerTemplate: name + "-md-0", MachineDeployment: name + "-md-0"}
@@ -94,14 +98,31 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 			InfrastructureRef:    clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtMachineTemplateGVK.Group, Kind: "KubevirtCluster", Name: name},
 		},
 	}
+	for _, o := range opts {
+		gc.controlPlaneLB = gc.controlPlaneLB || o.controlPlaneLB
+	}
+	if gc.controlPlaneLB {
+		cluster.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{}
+	}
 	kubeconfig, secretWriter := l.Guest.Kubeconfig, c
+	ownKubeconfig := false
 	for _, o := range opts {
 		if o.cluster != nil {
 			o.cluster(cluster)
 		}
 		if o.kubeconfig != nil {
-			kubeconfig, secretWriter = o.kubeconfig, o.secretWriter
+			kubeconfig, secretWriter, ownKubeconfig = o.kubeconfig, o.secretWriter, true
 		}
+	}
+	if gc.controlPlaneLB && (ownKubeconfig || cluster.Spec.ControlPlaneEndpoint.IsValid()) {
+		return nil, fmt.Errorf("WithControlPlaneLoadBalancer: the endpoint and the kubeconfig are the control plane's, not the test's")
+	}
+	if gc.controlPlaneLB {
+		// The stand-in's to write, and CAPI's to mark the Cluster provisioned.
+		if err := c.Create(ctx, cluster); err != nil {
+			return nil, fmt.Errorf("creating Cluster: %w", err)
+		}
+		return gc, l.createWorkersAndRunAfter(ctx, gc, tmpl, opts)
 	}
 	// The kubeconfig Secret comes first, so the ClusterCache's first connection succeeds: a
 	// failed one is retried only after 30 s, and the manager binary the e2e tests run cannot
@@ -141,13 +162,19 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 	}); err != nil {
 		return nil, fmt.Errorf("setting Cluster status: %w", err)
 	}
+	return gc, l.createWorkersAndRunAfter(ctx, gc, tmpl, opts)
+}
 
+// createWorkersAndRunAfter creates the guest cluster's worker template and MachineDeployment,
+// then runs the options' after.
+func (l *Lab) createWorkersAndRunAfter(ctx context.Context, gc *GuestCluster, tmpl WorkerTemplateOptions, opts []GuestClusterOption) error {
+	c, ns, name := l.Host.Client, gc.Namespace, gc.Name
 	templateWriter := c
 	if tmpl.As != nil {
 		templateWriter = tmpl.As
 	}
 	if err := templateWriter.Create(ctx, workerTemplate(ns, gc.WorkerTemplate, tmpl)); err != nil {
-		return nil, fmt.Errorf("creating KubevirtMachineTemplate: %w", err)
+		return fmt.Errorf("creating KubevirtMachineTemplate: %w", err)
 	}
 	md := &clusterv1.MachineDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: gc.MachineDeployment, Labels: map[string]string{clusterv1.ClusterNameLabel: name}},
@@ -177,16 +204,16 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		}
 	}
 	if err := c.Create(ctx, md); err != nil {
-		return nil, fmt.Errorf("creating MachineDeployment: %w", err)
+		return fmt.Errorf("creating MachineDeployment: %w", err)
 	}
 	for _, o := range opts {
 		if o.after != nil {
 			if err := o.after(ctx, l, gc); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	return gc, nil
+	return nil
 }
 
 // GuestClusterOption changes the Cluster and MachineDeployment CreateGuestCluster creates,
@@ -199,6 +226,8 @@ type GuestClusterOption struct {
 	// secretWriter creates.
 	kubeconfig   []byte
 	secretWriter client.Client
+	// controlPlaneLB: WithControlPlaneLoadBalancer.
+	controlPlaneLB bool
 }
 
 // GuestControlPlaneEndpoint is the lab guest apiserver's address and port: the
@@ -211,6 +240,27 @@ func GuestControlPlaneEndpoint() clusterv1.APIEndpoint {
 // of the lab guest apiserver's (GuestControlPlaneEndpoint); a zero endpoint leaves it unset.
 func WithControlPlaneEndpoint(endpoint clusterv1.APIEndpoint) GuestClusterOption {
 	return GuestClusterOption{cluster: func(c *clusterv1.Cluster) { c.Spec.ControlPlaneEndpoint = endpoint }}
+}
+
+// WithControlPlaneLoadBalancer gives the guest cluster a control plane that k0smotron exposes
+// through a LoadBalancer Service, as a tenant's template asks with service.type LoadBalancer:
+// its K0smotronControlPlane has spec.service {type: LoadBalancer, apiPort: APIServerPort,
+// konnectivityPort: KonnectivityAgentPort, loadBalancerClass: io.cilium/l2-announcer} and no
+// status. The Cluster has no endpoint and is not marked provisioned, and no kubeconfig Secret
+// is written: the k0smotron stand-in (StartK0smotronStandIn) applies the Service
+// kmc-<name>-lb (ControlPlaneServiceName) and, once LB-IPAM gave it an IP (request
+// GuestControlPlaneLoadBalancerIP: the only one the guest apiserver's certificate holds),
+// writes the control plane's endpoint (IP:APIServerPort) and the Secret (server
+// https://IP:APIServerPort), and reports it running. The real CAPI (StartCAPI, ForRealCAPI)
+// then copies the endpoint into the Cluster and marks it provisioned; with ForRealCAPK the
+// KubevirtCluster has no endpoint, or CAPI would take the KubevirtCluster's first.
+func WithControlPlaneLoadBalancer() GuestClusterOption {
+	return GuestClusterOption{
+		controlPlaneLB: true,
+		after: func(ctx context.Context, l *Lab, gc *GuestCluster) error {
+			return l.createControlPlane(ctx, gc)
+		},
+	}
 }
 
 // WithKubeconfig makes writer (e.g. a tenant's client) create the <cluster>-kubeconfig Secret
@@ -234,6 +284,9 @@ func ForRealCAPI(watchFilter string) GuestClusterOption {
 			md.Spec.Template.Labels = withLabel(md.Spec.Template.Labels, clusterv1.WatchLabel, watchFilter)
 		},
 		after: func(ctx context.Context, l *Lab, gc *GuestCluster) error {
+			if gc.controlPlaneLB {
+				return nil // WithControlPlaneLoadBalancer creates it
+			}
 			return l.createControlPlane(ctx, gc)
 		},
 	}

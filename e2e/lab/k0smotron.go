@@ -9,17 +9,26 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	discoveryv1ac "k8s.io/client-go/applyconfigurations/discovery/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // k0smotron, played. Nothing of k0smotron runs in the lab (the Go module proxy refuses its
@@ -98,7 +107,8 @@ func (l *Lab) StartK0smotronStandIn(ctx context.Context, ns string) (*K0smotronS
 		if l.Guest != nil {
 			kubeconfig = l.Guest.Kubeconfig
 		}
-		return func() {}, ctrl.NewControllerManagedBy(mgr).Named("k0smotron-controlplane-" + ns).For(cp).
+		return func() {}, ctrl.NewControllerManagedBy(mgr).Named("k0smotron-controlplane-"+ns).For(cp).
+			Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(controlPlaneOfService)).
 			Complete(&controlPlaneStandIn{c: mgr.GetClient(), ns: ns, kubeconfig: kubeconfig, log: log})
 	})
 	if err != nil {
@@ -120,6 +130,11 @@ func (k *K0smotronStandIn) Stop() { k.once.Do(k.standIn.Stop) }
 // upgrading, not scaling). Its apiserver is the lab's guest (every Cluster's): its
 // spec.controlPlaneEndpoint and the <cluster>-kubeconfig Secret k0smotron writes point at it,
 // so CAPI's (and guestnet's) connection to the workload cluster works.
+//
+// With spec.service.type LoadBalancer it plays k0smotron's LoadBalancer Service instead
+// (reconcileLoadBalancer): the endpoint and the kubeconfig's server are the Service's
+// load-balancer IP, and until the Service has one there is no endpoint, no Secret and no
+// status (k0smotron starts the control plane only once it knows its external address).
 type controlPlaneStandIn struct {
 	c          client.Client
 	ns         string
@@ -147,22 +162,42 @@ func (r *controlPlaneStandIn) Reconcile(ctx context.Context, req ctrl.Request) (
 	if version != "" {
 		status["version"] = version
 	}
-	if _, found, _ := unstructured.NestedMap(cp.Object, "spec", "controlPlaneEndpoint"); !found && r.kubeconfig != nil {
+	endpoint, kubeconfig := GuestControlPlaneEndpoint(), r.kubeconfig
+	current, found, _ := unstructured.NestedMap(cp.Object, "spec", "controlPlaneEndpoint")
+	setEndpoint := !found && r.kubeconfig != nil
+	if serviceType, _, _ := unstructured.NestedString(cp.Object, "spec", "service", "type"); serviceType == string(corev1.ServiceTypeLoadBalancer) {
+		ip, apiPort, err := r.reconcileLoadBalancer(ctx, cp)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if ip == "" {
+			// k0smotron polls the Service every second (for up to 2 minutes per reconcile).
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		endpoint = clusterv1.APIEndpoint{Host: ip, Port: apiPort}
+		setEndpoint = !found || current["host"] != ip || current["port"] != int64(apiPort)
+		if kubeconfig != nil {
+			if kubeconfig, err = kubeconfigWithServer(kubeconfig, "https://"+endpoint.String()); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	}
+	if setEndpoint {
 		// As a control plane provider reports its endpoint (contract: spec.controlPlaneEndpoint,
 		// which CAPI copies into the Cluster's; internal/contract/controlplane.go in
-		// sigs.k8s.io/cluster-api v1.14.2): the lab's guest apiserver.
-		endpoint := GuestControlPlaneEndpoint()
+		// sigs.k8s.io/cluster-api v1.14.2): the lab's guest apiserver, or the load-balancer IP
+		// in front of it.
 		if err := unstructured.SetNestedMap(cp.Object, map[string]any{"host": endpoint.Host, "port": int64(endpoint.Port)}, "spec", "controlPlaneEndpoint"); err != nil {
 			return ctrl.Result{}, err
 		}
 		r.log.Info("control plane endpoint", "controlPlane", req.NamespacedName.String(), "endpoint", endpoint.String())
 		return ctrl.Result{}, r.c.Update(ctx, cp) // the update brings the object back
 	}
-	if cluster := cp.GetLabels()[clusterv1.ClusterNameLabel]; cluster != "" && r.kubeconfig != nil {
+	if cluster := cp.GetLabels()[clusterv1.ClusterNameLabel]; cluster != "" && kubeconfig != nil {
 		secret := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: cp.GetNamespace(), Name: cluster + "-kubeconfig", Labels: map[string]string{clusterv1.ClusterNameLabel: cluster}},
 			Type:       clusterv1.ClusterSecretType,
-			Data:       map[string][]byte{"value": r.kubeconfig},
+			Data:       map[string][]byte{"value": kubeconfig},
 		}
 		if err := r.c.Create(ctx, secret); client.IgnoreAlreadyExists(err) != nil {
 			return ctrl.Result{}, err
@@ -174,4 +209,103 @@ func (r *controlPlaneStandIn) Reconcile(ctx context.Context, req ctrl.Request) (
 	cp.Object["status"] = status
 	r.log.Info("control plane running", "controlPlane", req.NamespacedName.String(), "version", version, "replicas", replicas)
 	return ctrl.Result{}, r.c.Status().Update(ctx, cp)
+}
+
+// k0smotron's defaults of spec.service, and the field manager it applies the Service with.
+const (
+	k0smotronDefaultAPIPort          = 30443
+	k0smotronDefaultKonnectivityPort = 30132
+	k0smotronFieldManager            = "k0smotron"
+	// k0smotronEndpointsManager writes the EndpointSlice that plays the kmc pods' endpoints.
+	k0smotronEndpointsManager = "k0smotron-stand-in"
+)
+
+// ControlPlaneServiceName is the name of the LoadBalancer Service k0smotron makes for the
+// K0smotronControlPlane named controlPlane whose spec.service.type is LoadBalancer.
+func ControlPlaneServiceName(controlPlane string) string { return "kmc-" + controlPlane + "-lb" }
+
+// reconcileLoadBalancer plays k0smotron's Service for a control plane of spec.service.type
+// LoadBalancer: it server-side applies kmc-<name>-lb as k0smotron does (field manager
+// k0smotron, forced; ports api and konnectivity, spec.service.loadBalancerClass and
+// .annotations, owned by the control plane), so another field manager (guestnet) can own
+// lbipam.cilium.io/ips on it. It returns the Service's load-balancer IP ("" until it has
+// one) and the api port.
+func (r *controlPlaneStandIn) reconcileLoadBalancer(ctx context.Context, cp *unstructured.Unstructured) (string, int32, error) {
+	apiPort := servicePort(cp, "apiPort", k0smotronDefaultAPIPort)
+	konnectivityPort := servicePort(cp, "konnectivityPort", k0smotronDefaultKonnectivityPort)
+	name := ControlPlaneServiceName(cp.GetName())
+	spec := corev1ac.ServiceSpec().WithType(corev1.ServiceTypeLoadBalancer).WithPorts(
+		corev1ac.ServicePort().WithName("api").WithProtocol(corev1.ProtocolTCP).WithPort(apiPort).WithTargetPort(intstr.FromInt32(apiPort)),
+		corev1ac.ServicePort().WithName("konnectivity").WithProtocol(corev1.ProtocolTCP).WithPort(konnectivityPort).WithTargetPort(intstr.FromInt32(konnectivityPort)),
+	)
+	if class, _, _ := unstructured.NestedString(cp.Object, "spec", "service", "loadBalancerClass"); class != "" {
+		spec.WithLoadBalancerClass(class)
+	}
+	svc := corev1ac.Service(name, cp.GetNamespace()).WithSpec(spec).WithOwnerReferences(metav1ac.OwnerReference().
+		WithAPIVersion(cp.GetAPIVersion()).WithKind(cp.GetKind()).WithName(cp.GetName()).WithUID(cp.GetUID()).
+		WithController(true).WithBlockOwnerDeletion(true))
+	if annotations, _, _ := unstructured.NestedStringMap(cp.Object, "spec", "service", "annotations"); len(annotations) > 0 {
+		svc.WithAnnotations(annotations)
+	}
+	if err := r.c.Apply(ctx, svc, client.FieldOwner(k0smotronFieldManager), client.ForceOwnership); err != nil {
+		return "", 0, fmt.Errorf("applying Service %s: %w", name, err)
+	}
+	// The lab's guest apiserver is no pod, so the Service has no selector: this EndpointSlice
+	// plays the one the EndpointSlice controller keeps for the kmc pods (api and konnectivity
+	// on the pod's address).
+	slice := discoveryv1ac.EndpointSlice(name, cp.GetNamespace()).
+		WithLabels(map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: k0smotronEndpointsManager}).
+		WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion("v1").WithKind("Service").WithName(name).WithUID(ptr.Deref(svc.UID, "")).WithController(true)).
+		WithAddressType(discoveryv1.AddressTypeIPv4).
+		WithEndpoints(discoveryv1ac.Endpoint().WithAddresses(GuestAPIServerAddress).WithConditions(discoveryv1ac.EndpointConditions().WithReady(true))).
+		WithPorts(
+			discoveryv1ac.EndpointPort().WithName("api").WithProtocol(corev1.ProtocolTCP).WithPort(APIServerPort),
+			discoveryv1ac.EndpointPort().WithName("konnectivity").WithProtocol(corev1.ProtocolTCP).WithPort(KonnectivityAgentPort),
+		)
+	if err := r.c.Apply(ctx, slice, client.FieldOwner(k0smotronEndpointsManager), client.ForceOwnership); err != nil {
+		return "", 0, fmt.Errorf("applying EndpointSlice %s: %w", name, err)
+	}
+	ip := ""
+	if svc.Status != nil && svc.Status.LoadBalancer != nil {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if ip = ptr.Deref(in.IP, ""); ip != "" {
+				break
+			}
+		}
+	}
+	if ip == "" {
+		r.log.Info("waiting for the control plane's load-balancer IP", "service", cp.GetNamespace()+"/"+name)
+	}
+	return ip, apiPort, nil
+}
+
+// servicePort is spec.service.<field> of a control plane, def when unset.
+func servicePort(cp *unstructured.Unstructured, field string, def int32) int32 {
+	if p, found, _ := unstructured.NestedInt64(cp.Object, "spec", "service", field); found && p > 0 {
+		return int32(p)
+	}
+	return def
+}
+
+// controlPlaneOfService maps a control plane's Service to the control plane, so that its
+// load-balancer IP is seen as soon as LB-IPAM writes it.
+func controlPlaneOfService(_ context.Context, o client.Object) []reconcile.Request {
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.Kind == controlPlaneGVK.Kind && ref.APIVersion == controlPlaneGVK.GroupVersion().String() {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}}}
+		}
+	}
+	return nil
+}
+
+// kubeconfigWithServer is kubeconfig with every cluster's server set to server.
+func kubeconfigWithServer(kubeconfig []byte, server string) ([]byte, error) {
+	cfg, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = server
+	}
+	return clientcmd.Write(*cfg)
 }

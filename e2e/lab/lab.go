@@ -157,6 +157,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR,
 				Dir: filepath.Join(opts.Dir, "guest"), ResolvConf: resolvConf, Audit: opts.Audit,
 				EgressSelectorConfig: egressSelectorConfig,
+				ExternalIPs:          []string{GuestControlPlaneLoadBalancerIP},
 			})
 		})
 	}

@@ -30,6 +30,12 @@ const (
 	// tests take IPs from it, and the Cilium stand-in (StartCiliumStandIn) listens on the IPs
 	// it announces. Local in the lab namespace; an IP outside it is never bound or dialed.
 	LoadBalancerCIDR = "10.98.0.0/16"
+	// GuestControlPlaneLoadBalancerIP is the one load-balancer IP, besides its own address, the
+	// guest apiserver's serving certificate is valid for: k0smotron puts a control plane's
+	// external address (its LoadBalancer Service's IP) in the SANs. A test that gives a control
+	// plane's Service (kmc-<name>-lb, WithControlPlaneLoadBalancer) an IP must request this
+	// one, or TLS through it fails verification. In LoadBalancerCIDR; nothing else uses it.
+	GuestControlPlaneLoadBalancerIP = "10.98.240.10"
 	// WorkerCIDR holds the pod IPs of worker virt-launcher pods (the VMs' real addresses).
 	WorkerCIDR = "10.244.1.0/24"
 )
