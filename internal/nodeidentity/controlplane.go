@@ -76,7 +76,7 @@ func ServedByCilium(svc *corev1.Service) (bool, string) {
 func OwnsIPRequest(svc *corev1.Service, fieldManager string) bool {
 	key := `"f:` + ingress.LBIPAMIPsAnnotation + `"`
 	for _, e := range svc.ManagedFields {
-		if e.Manager == fieldManager && e.FieldsV1 != nil && strings.Contains(string(e.FieldsV1.Raw), key) {
+		if e.Manager == fieldManager && e.FieldsV1 != nil && strings.Contains(e.FieldsV1.GetRawString(), key) {
 			return true
 		}
 	}

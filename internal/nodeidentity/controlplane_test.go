@@ -99,10 +99,10 @@ func TestServedByCilium(t *testing.T) {
 func TestOwnsIPRequest(t *testing.T) {
 	g := NewWithT(t)
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{
-		{Manager: "k0smotron", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:annotations":{"f:lbipam.cilium.io/ips":{}}}}`)}},
+		{Manager: "k0smotron", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:annotations":{"f:lbipam.cilium.io/ips":{}}}}`)},
 	}}}
 	g.Expect(OwnsIPRequest(svc, "guestnet")).To(BeFalse(), "another manager's request is not guestnet's to take off")
 	svc.ManagedFields = append(svc.ManagedFields, metav1.ManagedFieldsEntry{Manager: "guestnet",
-		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:annotations":{"f:lbipam.cilium.io/ips":{}}}}`)}})
+		FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:annotations":{"f:lbipam.cilium.io/ips":{}}}}`)})
 	g.Expect(OwnsIPRequest(svc, "guestnet")).To(BeTrue())
 }
