@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -221,6 +224,14 @@ func TestNodeIdentity_PodIPIsTheNodesIdentityInsideAndOutsideTheVM(t *testing.T)
 		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Ready: %s %s", c.Reason, c.Message)
 	}).WithTimeout(nodeIdentityTimeout).Should(Succeed())
 
+	// The agent's metrics, where a guest Prometheus (or a sidecar) reads them in the VM.
+	g.Eventually(func(g Gomega) {
+		metrics := agentMetrics(e.ctx, g, a)
+		g.Expect(metrics).To(ContainSubstring("guestnet_node_agent_ready 1"))
+		g.Expect(metrics).To(MatchRegexp(`guestnet_node_agent_syncs_total\{result="changed"\} [1-9]`), "the agent wrote the kernel")
+		g.Expect(metrics).To(MatchRegexp(`guestnet_node_agent_last_change_timestamp_seconds [1-9]`))
+	}).WithTimeout(nodeIdentityTimeout).Should(Succeed())
+
 	// a's Cilium agent is restarted (deleted: its DaemonSet would start a new one), b's is not.
 	agentGoing := func(name string) bool {
 		p := &corev1.Pod{}
@@ -356,4 +367,18 @@ func dumpKernels(t *testing.T, workers ...*lab.Worker) {
 			}
 		}
 	}
+}
+
+// agentMetrics reads the node agent's /metrics from inside w's VM (127.0.0.1:HealthPort).
+func agentMetrics(ctx context.Context, g Gomega, w *lab.Worker) string {
+	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: w.DialFromVM, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", nodeagent.HealthPort), http.NoBody)
+	g.Expect(err).NotTo(HaveOccurred())
+	resp, err := hc.Do(req)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
+	return string(body)
 }

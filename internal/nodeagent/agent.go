@@ -30,6 +30,9 @@ type Options struct {
 	// ResyncEvery is how often the agent checks the kernel again without a Node event (an
 	// admin's `nft flush ruleset`, a network manager that took lo's addresses).
 	ResyncEvery time.Duration
+	// MetricsBindAddress, when set, serves /metrics there too (it is always served on
+	// 127.0.0.1:HealthPort): a guest Prometheus scrapes the agent at its node IP.
+	MetricsBindAddress string
 }
 
 // Run runs the agent until ctx ends. It never cleans up on the way out: the kernel is its
@@ -41,12 +44,22 @@ func Run(ctx context.Context, config *rest.Config, o Options, log logr.Logger) e
 	if o.ResyncEvery <= 0 {
 		o.ResyncEvery = 30 * time.Second
 	}
-	a := &agent{o: o, log: log, wake: make(chan struct{}, 1)}
+	a := &agent{o: o, log: log, wake: make(chan struct{}, 1), metrics: newAgentMetrics()}
 	probe, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(o.HealthPort)))
 	if err != nil {
 		return fmt.Errorf("node-agent: serving /readyz: %w", err)
 	}
-	go a.serve(ctx, probe, http.HandlerFunc(a.readyz))
+	mux := http.NewServeMux()
+	mux.HandleFunc("/readyz", a.readyz)
+	mux.Handle("/metrics", a.metrics.handler())
+	go a.serve(ctx, probe, mux)
+	if o.MetricsBindAddress != "" {
+		l, err := net.Listen("tcp", o.MetricsBindAddress)
+		if err != nil {
+			return fmt.Errorf("node-agent: serving /metrics: %w", err)
+		}
+		go a.serve(ctx, l, a.metrics.handler())
+	}
 
 	var store toolscache.Store
 	if !o.Remove {
@@ -87,6 +100,8 @@ type agent struct {
 	log  logr.Logger
 	wake chan struct{}
 
+	metrics *agentMetrics
+
 	mu sync.Mutex
 	// ready and why are what /readyz answers.
 	ready bool
@@ -112,59 +127,62 @@ func (a *agent) setReady(ready bool, why string) {
 	a.ready, a.why = ready, why
 }
 
-// sync brings the kernel to what the Node says, and readiness with it.
+// sync brings the kernel to what the Node says, and readiness with it; its result is counted.
 func (a *agent) sync(ctx context.Context, store toolscache.Store) {
+	result, ready, why := a.syncKernel(ctx, store)
+	a.setReady(ready, why)
+	a.metrics.synced(result, ready, time.Now())
+}
+
+// syncKernel does the work of sync and says how it went: the result, and readiness.
+func (a *agent) syncKernel(ctx context.Context, store toolscache.Store) (result string, ready bool, why string) {
 	if a.o.Remove {
 		changed, err := RemoveFromKernel()
 		if err != nil {
-			a.setReady(false, err.Error())
-			return
+			return SyncError, false, err.Error()
 		}
 		if changed {
 			a.log.Info("Removed the node IP from lo and table ip " + TableName)
 		}
 		a.stopProof()
-		a.setReady(true, "removed")
-		return
+		if changed {
+			return SyncChanged, true, "removed"
+		}
+		return SyncRemoved, true, "removed"
 	}
 	obj, exists, err := store.GetByKey(a.o.NodeName)
 	if err != nil || !exists {
-		a.setReady(false, "waiting for Node "+a.o.NodeName)
-		return
+		return SyncWaiting, false, "waiting for Node " + a.o.NodeName
 	}
 	node := obj.(*corev1.Node) //nolint:forcetypeassert // the informer's type
 	nodeIP := firstIPv4InternalIP(node)
 	if nodeIP == nil {
-		a.setReady(false, "Node "+node.Name+" has no IPv4 InternalIP yet (guestnet writes it from the VM's pod IP)")
-		return
+		return SyncWaiting, false, "Node " + node.Name + " has no IPv4 InternalIP yet (guestnet writes it from the VM's pod IP)"
 	}
 	uplink, vmAddress, err := Uplink()
 	if err != nil {
-		a.setReady(false, err.Error())
-		return
+		return SyncError, false, err.Error()
 	}
 	k := Kernel{NodeIP: nodeIP, Uplink: uplink, VMAddress: vmAddress}
 	if nodeIP.Equal(vmAddress) {
-		a.setReady(false, fmt.Sprintf("Node %s's InternalIP is the VM's own address %s: its kubelet set it (not in external cloud-provider mode); nothing to do until guestnet writes the pod IP", node.Name, nodeIP))
-		return
+		return SyncWaiting, false, fmt.Sprintf("Node %s's InternalIP is the VM's own address %s: its kubelet set it (not in external cloud-provider mode); nothing to do until guestnet writes the pod IP", node.Name, nodeIP)
 	}
 	changed, err := k.Apply()
 	if err != nil {
-		a.setReady(false, err.Error())
-		return
+		return SyncError, false, err.Error()
 	}
+	result = SyncUnchanged
 	if changed {
 		a.log.Info("Kernel updated", "state", k.String())
+		result = SyncChanged
 	}
 	if err := a.ensureProof(ctx, nodeIP); err != nil {
-		a.setReady(false, err.Error())
-		return
+		return SyncError, false, err.Error()
 	}
 	if err := a.checkProof(ctx); err != nil {
-		a.setReady(false, "a request to the node IP from inside the VM fails: "+err.Error())
-		return
+		return SyncError, false, "a request to the node IP from inside the VM fails: " + err.Error()
 	}
-	a.setReady(true, k.String())
+	return result, true, k.String()
 }
 
 // ensureProof serves /healthz on nodeIP:HealthPort (and on nothing else).

@@ -23,6 +23,7 @@ func Command(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.IntVar(&o.HealthPort, "health-port", HealthPort, "Port of /readyz on 127.0.0.1 and of /healthz on the node IP.")
 	fs.DurationVar(&o.ResyncEvery, "resync-period", 0, "How often the kernel is checked without a Node event (default 30s).")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "Path to a kubeconfig; in-cluster configuration when empty.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "", "Serve /metrics at this address too (it is always served on 127.0.0.1:<health-port>), e.g. :9442.")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
