@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ func TestAgentMetrics(t *testing.T) {
 	m := newAgentMetrics()
 	scrape := func() string {
 		rec := httptest.NewRecorder()
-		m.handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", http.NoBody))
 		body, err := io.ReadAll(rec.Result().Body)
 		g.Expect(err).NotTo(HaveOccurred())
 		return string(body)
