@@ -133,3 +133,21 @@ func workerTemplate(name, checkStrategy string) *unstructured.Unstructured {
 	u.SetName(name)
 	return u
 }
+
+// A KubevirtCluster that gets (or loses) its managed-by annotation after the Cluster's first
+// reconcile brings its Cluster back: whether 22/TCP is required changed.
+func TestInfraClusterToClusters(t *testing.T) {
+	g := NewWithT(t)
+	ref := func(name string) clusterv1.ContractVersionedObjectReference {
+		return clusterv1.ContractVersionedObjectReference{APIGroup: ports.KubevirtClusterGVK.Group, Kind: ports.KubevirtClusterGVK.Kind, Name: name}
+	}
+	a := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}, Spec: clusterv1.ClusterSpec{InfrastructureRef: ref("infra-a")}}
+	b := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b"}, Spec: clusterv1.ClusterSpec{InfrastructureRef: ref("infra-b")}}
+	other := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "a"}, Spec: clusterv1.ClusterSpec{InfrastructureRef: ref("infra-a")}}
+	host := fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(a, b, other).Build()
+	r := &Reconciler{Client: host}
+	kc := kubevirtClusterMetadata()
+	kc.SetNamespace("ns")
+	kc.SetName("infra-a")
+	g.Expect(r.infraClusterToClusters(context.Background(), kc)).To(ConsistOf(ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "ns", Name: "a"}}))
+}

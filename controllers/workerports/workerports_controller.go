@@ -120,10 +120,40 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
 	// The templates, once CAPK is installed (metadata only: the templates themselves are read
-	// when a Cluster is reconciled). Without CAPK no MachineDeployment can use one.
+	// when a Cluster is reconciled). Without CAPK no MachineDeployment can use one. And the
+	// KubevirtClusters: whether CAPK SSHes into the VMs (22/TCP) is their managed-by
+	// annotation, which may come after the Cluster's first reconcile.
 	return r.CAPK.WhenInstalled(ctx, func(context.Context) error {
-		return c.Watch(source.Kind(mgr.GetCache(), client.Object(templateMetadata()), handler.EnqueueRequestsFromMapFunc(r.templateToClusters)))
+		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(templateMetadata()), handler.EnqueueRequestsFromMapFunc(r.templateToClusters))); err != nil {
+			return err
+		}
+		return c.Watch(source.Kind(mgr.GetCache(), client.Object(kubevirtClusterMetadata()), handler.EnqueueRequestsFromMapFunc(r.infraClusterToClusters),
+			predicate.Or[client.Object](predicate.AnnotationChangedPredicate{}, predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})))
 	})
+}
+
+func kubevirtClusterMetadata() *metav1.PartialObjectMetadata {
+	kc := &metav1.PartialObjectMetadata{}
+	kc.SetGroupVersionKind(ports.KubevirtClusterGVK)
+	return kc
+}
+
+// infraClusterToClusters maps a KubevirtCluster to the Clusters of its namespace whose
+// infrastructureRef names it.
+func (r *Reconciler) infraClusterToClusters(ctx context.Context, o client.Object) []reconcile.Request {
+	clusters := &clusterv1.ClusterList{}
+	if err := r.Client.List(ctx, clusters, client.InNamespace(o.GetNamespace())); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing the Clusters that may reference a KubevirtCluster", "KubevirtCluster", klog.KObj(o))
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range clusters.Items {
+		ref := clusters.Items[i].Spec.InfrastructureRef
+		if ref.Kind == ports.KubevirtClusterGVK.Kind && ref.APIGroup == ports.KubevirtClusterGVK.Group && ref.Name == o.GetName() {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&clusters.Items[i])})
+		}
+	}
+	return out
 }
 
 // Worker templates are read, and copies that declare the ports are created; generated
