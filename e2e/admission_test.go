@@ -193,6 +193,8 @@ func TestAdmission_TenantIsRefusedWhatGuestnetTrusts(t *testing.T) {
 	g.Expect(host.Get(ctx, client.ObjectKeyFromObject(gi), live)).To(Succeed())
 	giOwner := metav1.OwnerReference{APIVersion: guestnetv1.GroupVersion.String(), Kind: "GuestIngress", Name: gi.Name, UID: live.UID, Controller: ptr.To(true)}
 
+	// k0smotron's kinds (stand-in CRDs) for the control plane Service's annotations.
+	g.Expect(l.InstallK0smotronCRDs()).To(Succeed())
 	attempts := []admissionAttempt{
 		{name: "kubeconfig-create", policy: "guestnet-kubeconfig-secrets",
 			message: fmt.Sprintf("may not create Secret %s/victim-kubeconfig: a <cluster>-kubeconfig Secret is the Cluster API kubeconfig of a guest cluster", ns),
@@ -497,9 +499,9 @@ func expectRefused(t *testing.T, a admissionAttempt, c client.Client) {
 	g.Expect(err.Error()).To(ContainSubstring(a.message), a.name)
 }
 
-// allowClusterWrites lets subject edit the CAPI Clusters, KubevirtClusters and
-// KubevirtMachineTemplates of ns, as the tenant of docs/security.md may (Kubernetes' admin role
-// does not include CAPI's kinds).
+// allowClusterWrites lets subject edit the CAPI Clusters, KubevirtClusters,
+// KubevirtMachineTemplates and K0smotronControlPlanes of ns, as the tenant of docs/security.md
+// may (Kubernetes' admin role does not include CAPI's kinds).
 func allowClusterWrites(t *testing.T, l *lab.Lab, ns string, subject rbacv1.Subject) {
 	t.Helper()
 	g := NewWithT(t)
@@ -508,6 +510,9 @@ func allowClusterWrites(t *testing.T, l *lab.Lab, ns string, subject rbacv1.Subj
 		APIGroups: []string{clusterv1.GroupVersion.Group}, Resources: []string{"clusters"}, Verbs: []string{"get", "list", "watch", "update", "patch"},
 	}, {
 		APIGroups: []string{ports.KubevirtMachineTemplateGVK.Group}, Resources: []string{"kubevirtmachinetemplates", "kubevirtclusters"},
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"},
+	}, {
+		APIGroups: []string{lab.ControlPlaneGVK.Group}, Resources: []string{"k0smotroncontrolplanes"},
 		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"},
 	}}}
 	if err := l.Host.Client.Create(ctx, role); !apierrors.IsAlreadyExists(err) {

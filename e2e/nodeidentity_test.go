@@ -42,6 +42,9 @@ type nodeIdentityEnv struct {
 	gc     *lab.GuestCluster
 	kv     *lab.KubeVirt
 	agents *lab.NodeAgents
+	// vms are the VMs createVM made: their guest Nodes go when the test ends (the lab's
+	// guest is every test's).
+	vms []string
 }
 
 func newNodeIdentityEnv(t *testing.T, subnet string, kubelet lab.KubeletMode) *nodeIdentityEnv {
@@ -69,6 +72,12 @@ func newNodeIdentityEnvIn(t *testing.T, l *lab.Lab, ns, subnet string, kubelet l
 		},
 	})
 	g.Expect(err).NotTo(HaveOccurred())
+	// Registered before kv.Stop, so it runs after it: no kubelet registers the Nodes again.
+	t.Cleanup(func() {
+		for _, name := range e.vms {
+			_ = l.Guest.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		}
+	})
 	t.Cleanup(e.kv.Stop)
 	e.agents = l.StartNodeAgents(ctx, e.kv)
 	t.Cleanup(e.agents.Stop)
@@ -82,6 +91,7 @@ func newNodeIdentityEnvIn(t *testing.T, l *lab.Lab, ns, subnet string, kubelet l
 func (e *nodeIdentityEnv) createVM(t *testing.T, name string) {
 	t.Helper()
 	NewWithT(t).Expect(lab.CreateWorkerVM(e.ctx, e.l.Host.Client, e.ns, e.gc.Name, name, []int32{10250, 30080, 30081}, []int32{8473})).To(Succeed())
+	e.vms = append(e.vms, name)
 }
 
 // worker waits for VM name's worker and its guest Node.

@@ -309,3 +309,12 @@ func kubeconfigWithServer(kubeconfig []byte, server string) ([]byte, error) {
 	}
 	return clientcmd.Write(*cfg)
 }
+
+// InstallK0smotronCRDs installs the stand-in CRDs of k0smotron's kinds (StartCAPI does too),
+// for a test that writes them without Cluster API running.
+func (l *Lab) InstallK0smotronCRDs() error {
+	if err := l.installControlPlaneCRD(); err != nil {
+		return err
+	}
+	return l.installK0smotronTemplateCRDs()
+}
