@@ -12,6 +12,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -475,9 +476,12 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 			worker = o
 		case lab.ControlPlaneGVK:
 			controlPlanes++
-			service, _, err := unstructured.NestedMap(o.Object, "spec", "service")
+			// Decoded from YAML (numbers are float64): compared as JSON.
+			service, err := json.Marshal(o.Object["spec"].(map[string]any)["service"])
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(service).To(Equal(loadBalancer), "the control plane's Service is a LoadBalancer of Cilium's L2 announcer")
+			want, err := json.Marshal(loadBalancer)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(service).To(MatchJSON(want), "the control plane's Service is a LoadBalancer of Cilium's L2 announcer")
 		}
 	}
 	g.Expect(controlPlanes).To(Equal(1))
