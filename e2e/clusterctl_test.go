@@ -11,6 +11,8 @@ package e2e
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -34,6 +36,9 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/exp/topology"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeidentity"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
@@ -332,7 +337,7 @@ func TestClusterctlTemplateFlavors(t *testing.T) {
 			g.Expect(l.Host.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 			objs, vars := renderFlavor(t, cc, file, ns)
 			if filepath.Base(file) != clusterClassFile {
-				g.Expect(vars).To(ContainSubstring("Required Variables:\n  - GUESTNET_INGRESS_IP\n  - KUBERNETES_VERSION\n\n"))
+				g.Expect(vars).To(ContainSubstring("Required Variables:\n  - GUESTNET_CONTROL_PLANE_IP\n  - GUESTNET_INGRESS_IP\n  - KUBERNETES_VERSION\n\n"))
 			}
 			present := map[string]bool{}
 			for _, o := range objs {
@@ -380,6 +385,14 @@ func TestClusterctlTemplateFlavors(t *testing.T) {
 // ports controller can declare ports on (masquerade, no ports list yet). Both flavors opt in to
 // node identity: their workers' bootstrap config runs the kubelet in external cloud-provider
 // mode (for the topology flavor, through the ClusterClass's patch on guestnet.nodeIdentity).
+// Both opt the control plane in to its address: their GuestNodeIdentity has controlPlane.ip
+// GUESTNET_CONTROL_PLANE_IP, and their K0smotronControlPlane a LoadBalancer Service of Cilium's
+// L2 announcer (for the topology flavor, through the ClusterClass's patch on
+// guestnet.nodeIdentity.controlPlane), whose name is the one guestnet defaults to; once the
+// Service has the address (guestnet's part played with guestnet's own pool and L2 policy: no
+// guestnet manager runs, whose agents would go into the lab's shared guest), k0smotron's stand-in
+// makes it the control plane's endpoint, CAPI the Cluster's, and only then does CAPI create
+// the workers.
 func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 	e := newTopologyEnv(t, "flavor-ports")
 	g := e.g
@@ -387,6 +400,10 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	cc := newClusterctl(t, e.l)
 	e.createClusterClass()
+	startCiliumStandIn(t, e.l)
+	// The one load-balancer IP the lab guest apiserver's certificate holds.
+	cpIP := lab.GuestControlPlaneLoadBalancerIP
+	loadBalancer := map[string]any{"type": "LoadBalancer", "loadBalancerClass": "io.cilium/l2-announcer", "apiPort": int64(6443), "konnectivityPort": int64(8132)}
 
 	// What guestnet requires for a flavor: base ports, the tunnel, its two objects as the
 	// apiserver defaults them.
@@ -409,7 +426,7 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 		return set
 	}
 
-	objs, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template-topology.yaml"), e.ns)
+	objs, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template-topology.yaml"), e.ns, "GUESTNET_CONTROL_PLANE_IP="+cpIP)
 	want := required(objs)
 	var cluster *clusterv1.Cluster
 	for _, o := range objs {
@@ -423,6 +440,18 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 		g.Expect(e.c.Create(e.ctx, cluster)).To(Succeed(), "CAPI accepts the flavor's variables")
 	}
 	g.Expect(cluster).NotTo(BeNil())
+	variable, _, err := topology.VariableOf(cluster)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(variable.NodeIdentity).To(HaveKeyWithValue("controlPlane", map[string]any{"ip": cpIP}), "guestnet.nodeIdentity.controlPlane")
+	gni := flavorNodeIdentity(e, objs)
+	g.Expect(gni.Spec.ControlPlane).To(Equal(&guestnetv1.ControlPlaneAddressSpec{IP: cpIP}))
+	e.eventuallyControlPlaneService(cluster, loadBalancer)
+	e.giveControlPlaneAddress(cluster, gni)
+	g.Eventually(func(g Gomega) clusterv1.APIEndpoint {
+		live := &clusterv1.Cluster{}
+		g.Expect(e.c.Get(e.ctx, client.ObjectKeyFromObject(cluster), live)).To(Succeed())
+		return live.Spec.ControlPlaneEndpoint
+	}).Should(Equal(clusterv1.APIEndpoint{Host: cpIP, Port: lab.APIServerPort}), "the Cluster's endpoint is the flavor's control plane address")
 	w := e.eventuallyWorkers(cluster, func(g Gomega, w ports.Workers) {
 		g.Expect(w.Analysis.State).NotTo(Equal(ports.AllPortsForwarded), "patched")
 	})
@@ -440,11 +469,23 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 
 	plain, _ := renderFlavor(t, cc, filepath.Join(root, "templates", "cluster-template.yaml"), e.ns)
 	var worker *unstructured.Unstructured
+	controlPlanes := 0
 	for _, o := range plain {
-		if o.GroupVersionKind() == ports.KubevirtMachineTemplateGVK {
+		switch o.GroupVersionKind() {
+		case ports.KubevirtMachineTemplateGVK:
 			worker = o
+		case lab.ControlPlaneGVK:
+			controlPlanes++
+			// Decoded from YAML (numbers are float64): compared as JSON.
+			service, err := json.Marshal(o.Object["spec"].(map[string]any)["service"])
+			g.Expect(err).NotTo(HaveOccurred())
+			want, err := json.Marshal(loadBalancer)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(service).To(MatchJSON(want), "the control plane's Service is a LoadBalancer of Cilium's L2 announcer")
 		}
 	}
+	g.Expect(controlPlanes).To(Equal(1))
+	g.Expect(flavorNodeIdentity(e, plain).Spec.ControlPlane).To(Equal(&guestnetv1.ControlPlaneAddressSpec{IP: flavorControlPlaneIP}))
 	g.Expect(worker).NotTo(BeNil())
 	before, err := ports.Analyze(worker, required(plain))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -458,6 +499,45 @@ func TestClusterctlTemplateWorkerPorts(t *testing.T) {
 		}
 	}
 	g.Expect(bootstraps).To(Equal(1))
+}
+
+// flavorNodeIdentity is the rendered flavor's one GuestNodeIdentity, as the apiserver stores
+// it (server-side dry-run apply).
+func flavorNodeIdentity(e *topologyEnv, objs []*unstructured.Unstructured) *guestnetv1.GuestNodeIdentity {
+	e.t.Helper()
+	var gni *guestnetv1.GuestNodeIdentity
+	for _, o := range objs {
+		if o.GetKind() == "GuestNodeIdentity" {
+			e.g.Expect(gni).To(BeNil(), "one GuestNodeIdentity")
+			gni = &guestnetv1.GuestNodeIdentity{}
+			e.g.Expect(dryRunApply(e.ctx, e.c, o.DeepCopy(), gni)).To(Succeed())
+		}
+	}
+	e.g.Expect(gni).NotTo(BeNil(), "the flavor has a GuestNodeIdentity")
+	return gni
+}
+
+// giveControlPlaneAddress plays guestnet's part for gni's control plane address: its pool and
+// an L2 policy (on the lab's lo), as guestnet builds them, for the Service guestnet finds for
+// the Cluster, which must be the one k0smotron (its stand-in) made; removed when the test ends
+// (they are cluster-scoped). The real LB-IPAM then gives the Service the address.
+func (e *topologyEnv) giveControlPlaneAddress(cluster *clusterv1.Cluster, gni *guestnetv1.GuestNodeIdentity) {
+	e.t.Helper()
+	live := &clusterv1.Cluster{}
+	e.g.Eventually(func(g Gomega) string {
+		g.Expect(e.c.Get(e.ctx, client.ObjectKeyFromObject(cluster), live)).To(Succeed())
+		return live.Spec.ControlPlaneRef.Name
+	}).ShouldNot(BeEmpty())
+	name, ok := nodeidentity.ControlPlaneService(gni, live)
+	e.g.Expect(ok).To(BeTrue())
+	e.g.Expect(name).To(Equal(lab.ControlPlaneServiceName(live.Spec.ControlPlaneRef.Name)), "guestnet's default serviceName is k0smotron's Service")
+	e.g.Eventually(func() error { return e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: name}, &corev1.Service{}) }).Should(Succeed())
+	l2, err := nodeidentity.ControlPlaneL2Policy(gni, name, ingress.Announcement{Interfaces: []string{"^lo$"}})
+	e.g.Expect(err).NotTo(HaveOccurred())
+	for _, o := range []*unstructured.Unstructured{nodeidentity.ControlPlanePool(gni, name), l2} {
+		e.g.Expect(e.c.Create(e.ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
+		e.t.Cleanup(func() { _ = e.c.Delete(context.Background(), o) })
+	}
 }
 
 // workerArgs are the k0s worker args of a K0sWorkerConfigTemplate.
@@ -483,14 +563,22 @@ var withoutCRDInLab = map[schema.GroupKind]bool{
 	{Group: "bootstrap.cluster.x-k8s.io", Kind: "K0sWorkerConfigTemplate"}:          true,
 }
 
+// The flavors' required load-balancer IPs, as renderFlavor sets them.
+const (
+	flavorIngressIP      = "10.98.250.10"
+	flavorControlPlaneIP = "10.98.250.11"
+)
+
 // renderFlavor runs `clusterctl generate cluster` on a template file with the variables a
-// user sets, and returns the objects and the `--list-variables` output (of the template
-// alone: no variable set).
-func renderFlavor(t *testing.T, cc *clusterctl, file, ns string) ([]*unstructured.Unstructured, string) {
+// user sets (GUESTNET_INGRESS_IP flavorIngressIP, GUESTNET_CONTROL_PLANE_IP
+// flavorControlPlaneIP, then env: NAME=value, the last of a name wins), and returns the
+// objects and the `--list-variables` output (of the template alone: no variable set).
+func renderFlavor(t *testing.T, cc *clusterctl, file, ns string, env ...string) ([]*unstructured.Unstructured, string) {
 	t.Helper()
 	args := []string{"generate", "cluster", "tenant-a", "--from", file, "--target-namespace", ns}
 	vars := cc.run(nil, append(args, "--list-variables")...)
-	out := cc.run([]string{"GUESTNET_INGRESS_IP=10.98.250.10"}, append(args,
+	env = append([]string{"GUESTNET_INGRESS_IP=" + flavorIngressIP, "GUESTNET_CONTROL_PLANE_IP=" + flavorControlPlaneIP}, env...)
+	out := cc.run(env, append(args,
 		"--kubernetes-version", "v1.33.1", "--control-plane-machine-count", "1", "--worker-machine-count", "2")...)
 	if strings.Contains(out, "${") {
 		t.Fatalf("unsubstituted variable in the rendered %s:\n%s", filepath.Base(file), out)

@@ -367,9 +367,9 @@ func TestSecurity_BridgeHostServicesReachOnlyTheirOwnWorkers(t *testing.T) {
 }
 
 // The host admin's template (templates/guestingresspolicy.yaml), rendered by the real
-// clusterctl for a namespace and a range, is a valid policy that admits the GuestIngress every
-// cluster-template*.yaml flavor renders for that namespace and an IP of the range, and
-// nothing of another namespace.
+// clusterctl for a namespace and a range, is a valid policy that admits the GuestIngress and
+// the GuestNodeIdentity's control plane address every cluster-template*.yaml flavor renders
+// for that namespace and IPs of the range, and nothing of another namespace.
 func TestSecurity_TemplatePolicyAdmitsTheFlavorsGuestIngress(t *testing.T) {
 	g := NewWithT(t)
 	l := startLab(t)
@@ -396,9 +396,23 @@ func TestSecurity_TemplatePolicyAdmitsTheFlavorsGuestIngress(t *testing.T) {
 	flavors, err := filepath.Glob(filepath.Join(root, "templates", "cluster-template*.yaml"))
 	g.Expect(err).NotTo(HaveOccurred())
 	for _, flavor := range flavors {
-		rendered, _ := renderFlavor(t, cc, flavor, ns) // GUESTNET_INGRESS_IP=10.98.250.10
-		var found bool
+		rendered, _ := renderFlavor(t, cc, flavor, ns) // GUESTNET_INGRESS_IP=10.98.250.10, GUESTNET_CONTROL_PLANE_IP=10.98.250.11
+		var found, foundControlPlane bool
 		for _, o := range rendered {
+			if o.GetKind() == "GuestNodeIdentity" {
+				foundControlPlane = true
+				gni := &guestnetv1.GuestNodeIdentity{}
+				g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, gni)).To(Succeed())
+				g.Expect(gni.Spec.ControlPlane).NotTo(BeNil(), "%s: the control plane address", filepath.Base(flavor))
+				d := admission.AdmitControlPlane(admission.Input{Namespace: namespace, Policies: []guestnetv1.GuestIngressPolicy{policy}}, gni)
+				g.Expect(d.Admitted).To(BeTrue(), "%s: %s", filepath.Base(flavor), d.Message)
+				g.Expect(d.Announcement.Interfaces).To(Equal([]string{"^eth0$"}))
+				other := namespace.DeepCopy()
+				other.Name, other.Labels = "someone-else", map[string]string{corev1.LabelMetadataName: "someone-else"}
+				gni.Namespace = other.Name
+				g.Expect(admission.AdmitControlPlane(admission.Input{Namespace: other, Policies: []guestnetv1.GuestIngressPolicy{policy}}, gni).Reason).
+					To(Equal(guestnetv1.NoPolicyReason))
+			}
 			if o.GetKind() != "GuestIngress" {
 				continue
 			}
@@ -416,6 +430,7 @@ func TestSecurity_TemplatePolicyAdmitsTheFlavorsGuestIngress(t *testing.T) {
 				To(Equal(guestnetv1.NoPolicyReason))
 		}
 		g.Expect(found).To(BeTrue(), "%s renders a GuestIngress", filepath.Base(flavor))
+		g.Expect(foundControlPlane).To(BeTrue(), "%s renders a GuestNodeIdentity", filepath.Base(flavor))
 	}
 }
 

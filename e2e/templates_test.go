@@ -286,6 +286,63 @@ func TestClusterClassNodeIdentityRunsTheKubeletsExternal(t *testing.T) {
 	e.eventuallyWorkerArgs(clusters[0], nil)
 }
 
+// guestnet.nodeIdentity.controlPlane makes CAPI's topology controller give the Cluster's
+// control plane (k0smotron's, from the class's K0smotronControlPlaneTemplate) a LoadBalancer
+// Service of Cilium's L2 announcer, which guestnet gives the address and k0smotron makes the
+// Cluster's endpoint; without it (no variable, nodeIdentity without controlPlane, no
+// nodeIdentity) the class's ClusterIP stays, and removing it brings ClusterIP back. CAPI
+// refuses another ip for a Cluster (immutable, as in the CRD). The rest of the control plane's
+// service (its ports) is the class's in every case. No guestnet manager runs: only CAPI's
+// patch is looked at (the control plane of a LoadBalancer Service gets no address here, and
+// reports no status: CAPI creates no workers for it, which is not looked at).
+func TestClusterClassControlPlaneAddressMakesTheServiceALoadBalancer(t *testing.T) {
+	e := newTopologyEnv(t, "clusterclass-cplb")
+	e.createClusterClass()
+	loadBalancer := map[string]any{"type": "LoadBalancer", "loadBalancerClass": "io.cilium/l2-announcer", "apiPort": int64(6443), "konnectivityPort": int64(8132)}
+	clusterIP := map[string]any{"type": "ClusterIP", "apiPort": int64(6443), "konnectivityPort": int64(8132)}
+	tests := []struct {
+		name  string
+		value any
+		want  map[string]any
+	}{
+		{name: "the control plane address", value: yamlValue(t, `nodeIdentity: {controlPlane: {ip: 10.2.6.221}}`), want: loadBalancer},
+		{name: "with everything else", value: yamlValue(t, `
+workerPorts: [{port: 8472, protocol: UDP}]
+nodeIdentity: {nodeAddresses: External, controlPlane: {ip: 10.2.6.222, serviceName: kmc-x-lb, l2: {interfaces: ["^eth0$"]}}}`), want: loadBalancer},
+		{name: "node identity without it", value: yamlValue(t, `nodeIdentity: {nodeAddresses: External}`), want: clusterIP},
+		{name: "the empty opt-in", value: yamlValue(t, `nodeIdentity: {}`), want: clusterIP},
+		{name: "no nodeIdentity", value: yamlValue(t, `workerPorts: [{port: 8472, protocol: UDP}]`), want: clusterIP},
+		{name: "no variable", want: clusterIP},
+	}
+	clusters := make([]*clusterv1.Cluster, len(tests))
+	for i, tc := range tests {
+		clusters[i] = e.createCluster(fmt.Sprintf("tenant-%d", i), tc.value, 1)
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := e.forSubtest(t)
+			e.eventuallyControlPlaneService(clusters[i], tc.want)
+		})
+	}
+
+	// Another ip: refused by CAPI's Cluster webhook, nothing changes.
+	busy := wait.Backoff{Steps: 30, Duration: 20 * time.Millisecond, Factor: 1.3, Jitter: 0.2, Cap: time.Second}
+	err := retry.RetryOnConflict(busy, func() error {
+		c := &clusterv1.Cluster{}
+		if err := e.c.Get(e.ctx, client.ObjectKeyFromObject(clusters[0]), c); err != nil {
+			return err
+		}
+		c.Spec.Topology.Variables[0].Value.Raw = []byte(`{"nodeIdentity":{"controlPlane":{"ip":"10.2.6.223"}}}`)
+		return e.c.Update(e.ctx, c)
+	})
+	e.g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "CAPI refuses another ip: %v", err)
+	e.g.Expect(err.Error()).To(ContainSubstring("controlPlane.ip is immutable"))
+
+	// Removing it: ClusterIP again.
+	e.setVariable(clusters[0], yamlValue(t, `nodeIdentity: {}`))
+	e.eventuallyControlPlaneService(clusters[0], clusterIP)
+}
+
 // The schema of guestnet.ingress, guestnet.webhookBridge and guestnet.nodeIdentity is a
 // faithful subset of the CRDs: every value CAPI's Cluster webhook accepts (validated against
 // the status.variables its ClusterClass controller computed), the apiserver accepts as the
@@ -378,6 +435,34 @@ mode: Always`},
 		{name: "node identity: bad nodeAddresses", identity: `nodeAddresses: Sometimes`},
 		{name: "node identity: unknown field", identity: `foo: bar`},
 		{name: "node identity: clusterName (left out of the variable)", wantCRD: true, identity: `clusterName: other`},
+
+		{name: "control plane address: the ip alone", wantCAPI: true, wantCRD: true, identity: `controlPlane: {ip: 10.2.6.221}`},
+		{name: "control plane address: everything", wantCAPI: true, wantCRD: true, identity: `
+nodeAddresses: External
+controlPlane:
+  ip: 'fd00::21'
+  serviceName: kmc-tenant-a-lb
+  l2:
+    interfaces: ["^eth0$", "^bond[0-9]+$"]
+    nodeSelector:
+      matchLabels: {node-role.kubernetes.io/worker: ""}
+      matchExpressions: [{key: zone, operator: In, values: [a, b]}, {key: spare, operator: DoesNotExist}]`},
+		{name: "control plane address: no ip", identity: `controlPlane: {serviceName: kmc-tenant-a-lb}`},
+		{name: "control plane address: bad ip", identity: `controlPlane: {ip: 10.2.6.300}`},
+		{name: "control plane address: a CIDR for ip", identity: `controlPlane: {ip: 10.2.6.221/32}`},
+		{name: "control plane address: not an object", identity: `controlPlane: 10.2.6.221`},
+		{name: "control plane address: unknown field", identity: `controlPlane: {ip: 10.2.6.221, cidrs: [10.2.6.216/29]}`},
+		{name: "control plane address: serviceName in upper case", identity: `controlPlane: {ip: 10.2.6.221, serviceName: KMC-lb}`},
+		{name: "control plane address: serviceName starting with a digit", identity: `controlPlane: {ip: 10.2.6.221, serviceName: 1-lb}`},
+		{name: "control plane address: empty serviceName", identity: `controlPlane: {ip: 10.2.6.221, serviceName: ''}`},
+		{name: "control plane address: serviceName of 64", identity: "controlPlane: {ip: 10.2.6.221, serviceName: " + strings.Repeat("a", 64) + "}"},
+		{name: "control plane address: seventeen interfaces", identity: `controlPlane: {ip: 10.2.6.221, l2: {interfaces: [a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q]}}`},
+		{name: "control plane address: empty interface", identity: `controlPlane: {ip: 10.2.6.221, l2: {interfaces: ['']}}`},
+		{name: "control plane address: bad operator", identity: `controlPlane: {ip: 10.2.6.221, l2: {nodeSelector: {matchExpressions: [{key: a, operator: Equals, values: [b]}]}}}`},
+		{name: "control plane address: In without values", identity: `controlPlane: {ip: 10.2.6.221, l2: {nodeSelector: {matchExpressions: [{key: a, operator: In}]}}}`},
+		{name: "control plane address: Exists with values", identity: `controlPlane: {ip: 10.2.6.221, l2: {nodeSelector: {matchExpressions: [{key: a, operator: Exists, values: [b]}]}}}`},
+		{name: "control plane address: seventeen matchLabels", identity: "controlPlane: {ip: 10.2.6.221, l2: {nodeSelector: {matchLabels: {" + manyLabels(17) + "}}}}"},
+		{name: "control plane address: seventeen values", identity: `controlPlane: {ip: 10.2.6.221, l2: {nodeSelector: {matchExpressions: [{key: a, operator: In, values: [a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q]}]}}}`},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -421,6 +506,15 @@ mode: Always`},
 			g.Expect(crdOK).To(Equal(tc.wantCRD), "apiserver: %v", crdErrs)
 		})
 	}
+}
+
+// manyLabels is n matchLabels in YAML flow style: "k0: v, k1: v, ...".
+func manyLabels(n int) string {
+	labels := make([]string, n)
+	for i := range labels {
+		labels[i] = fmt.Sprintf("k%d: v", i)
+	}
+	return strings.Join(labels, ", ")
 }
 
 // --- the lab's real CAPI with the ClusterClass ----------------------------------------------
@@ -647,6 +741,24 @@ func (e *topologyEnv) eventuallyWorkerArgs(cluster *clusterv1.Cluster, want []st
 		g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: mds.Items[0].Spec.Template.Spec.Bootstrap.ConfigRef.Name}, tmpl)).To(Succeed())
 		return workerArgs(g, tmpl)
 	}).Should(match, "k0s worker args of Cluster %s", cluster.Name)
+}
+
+// eventuallyControlPlaneService waits until the Cluster's control plane (the
+// K0smotronControlPlane CAPI's topology controller made from the class's template) has
+// spec.service want.
+func (e *topologyEnv) eventuallyControlPlaneService(cluster *clusterv1.Cluster, want map[string]any) {
+	e.t.Helper()
+	e.g.Eventually(func(g Gomega) map[string]any {
+		live := &clusterv1.Cluster{}
+		g.Expect(e.c.Get(e.ctx, client.ObjectKeyFromObject(cluster), live)).To(Succeed())
+		g.Expect(live.Spec.ControlPlaneRef.Name).NotTo(BeEmpty())
+		cp := &unstructured.Unstructured{}
+		cp.SetGroupVersionKind(lab.ControlPlaneGVK)
+		g.Expect(e.c.Get(e.ctx, client.ObjectKey{Namespace: e.ns, Name: live.Spec.ControlPlaneRef.Name}, cp)).To(Succeed())
+		service, _, err := unstructured.NestedMap(cp.Object, "spec", "service")
+		g.Expect(err).NotTo(HaveOccurred())
+		return service
+	}).Should(Equal(want), "spec.service of the control plane of Cluster %s", cluster.Name)
 }
 
 // machineSetTemplates maps the infrastructure template of each of the Cluster's MachineSets

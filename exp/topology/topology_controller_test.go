@@ -156,7 +156,8 @@ mode: Always`}))
 
 // guestnet.nodeIdentity makes the Cluster's GuestNodeIdentity as ingress makes its
 // GuestIngress: an empty object is the opt-in (the CRD defaults nodeAddresses to Managed), a
-// change updates it in place, a value the CRD refuses changes nothing, removing the field
+// change updates it in place (controlPlane, the control plane address, included), a value the
+// CRD refuses changes nothing (another controlPlane.ip: it is immutable), removing the field
 // deletes it; one the variable did not make is never touched.
 func TestTopologyVariableNodeIdentity(t *testing.T) {
 	e := newEnv(t, setupTopologyVariables)
@@ -173,6 +174,26 @@ func TestTopologyVariableNodeIdentity(t *testing.T) {
 	})
 	e.g.Expect(updated.UID).To(Equal(gni.UID), "updated in place")
 	e.eventuallyEvent(cluster, corev1.EventTypeNormal, topology.ReasonUpdated, "Updated GuestNodeIdentity tenant-a from the topology variable guestnet.nodeIdentity")
+
+	// The control plane address goes through as the rest of the spec; its ip cannot change,
+	// the field as a whole can go.
+	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: External, controlPlane: {ip: 10.2.6.221, l2: {interfaces: ["^eth0$"]}}}`}))
+	withAddress := e.eventuallyNodeIdentity(cluster, func(g Gomega, gni *guestnetv1.GuestNodeIdentity) {
+		g.Expect(gni.Spec.ControlPlane).NotTo(BeNil())
+	})
+	e.g.Expect(withAddress.UID).To(Equal(gni.UID), "updated in place")
+	e.g.Expect(withAddress.Spec).To(Equal(guestnetv1.GuestNodeIdentitySpec{
+		ClusterName: "tenant-a", NodeAddresses: guestnetv1.NodeAddressesExternal,
+		ControlPlane: &guestnetv1.ControlPlaneAddressSpec{IP: "10.2.6.221", L2: &guestnetv1.L2AnnouncementSpec{Interfaces: []string{"^eth0$"}}},
+	}))
+	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: External, controlPlane: {ip: 10.2.6.222}}`}))
+	e.eventuallyEvent(cluster, corev1.EventTypeWarning, topology.ReasonVariableInvalid,
+		"guestnet.nodeIdentity is not a valid GuestNodeIdentity spec: ", "controlPlane.ip is immutable", "GuestNodeIdentity tenant-a keeps its current spec")
+	e.expectUnchanged(withAddress, &guestnetv1.GuestNodeIdentity{})
+	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: External}`}))
+	updated = e.eventuallyNodeIdentity(cluster, func(g Gomega, gni *guestnetv1.GuestNodeIdentity) {
+		g.Expect(gni.Spec.ControlPlane).To(BeNil())
+	})
 
 	e.setVariable(cluster, value(map[string]string{"nodeIdentity": `{nodeAddresses: Sometimes}`}))
 	e.eventuallyEvent(cluster, corev1.EventTypeWarning, topology.ReasonVariableInvalid,

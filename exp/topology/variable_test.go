@@ -61,6 +61,14 @@ func TestVariableOf(t *testing.T) {
 			wantFound: true,
 			want:      Variable{NodeIdentity: map[string]any{"nodeAddresses": "External"}},
 		},
+		{
+			name:      "nodeIdentity with the control plane address: passed on as it is",
+			cluster:   clusterWithVariables(variable(VariableName, `{"nodeIdentity":{"controlPlane":{"ip":"10.2.6.221","l2":{"interfaces":["^eth0$"]},"serviceName":"kmc-tenant-a-lb"}}}`)),
+			wantFound: true,
+			want: Variable{NodeIdentity: map[string]any{"controlPlane": map[string]any{
+				"ip": "10.2.6.221", "l2": map[string]any{"interfaces": []any{"^eth0$"}}, "serviceName": "kmc-tenant-a-lb",
+			}}},
+		},
 		{name: "null parts are absent", cluster: clusterWithVariables(variable(VariableName, `{"ingress":null,"webhookBridge":null,"nodeIdentity":null}`)), wantFound: true},
 		{name: "not an object", cluster: clusterWithVariables(variable(VariableName, `"x"`)), wantFound: true, wantErr: "is not an object"},
 		{name: "ingress not an object", cluster: clusterWithVariables(variable(VariableName, `{"ingress":[1]}`)), wantFound: true, wantErr: "guestnet.ingress in the Cluster's topology variables must be an object"},
@@ -111,6 +119,11 @@ func TestDesired(t *testing.T) {
 	g.Expect(identity.GetName()).To(Equal("tenant-a"))
 	g.Expect(identity.Object["spec"]).To(Equal(map[string]any{"clusterName": "tenant-a"}))
 	g.Expect(Owns(cluster, identity)).To(BeTrue())
+
+	// The control plane address is part of the spec like any other field.
+	controlPlane := map[string]any{"ip": "10.2.6.221", "l2": map[string]any{"interfaces": []any{"^eth0$"}}}
+	withAddress := Desired(GuestNodeIdentityKind, cluster, map[string]any{"nodeAddresses": "Managed", "controlPlane": controlPlane}, "")
+	g.Expect(withAddress.Object["spec"]).To(Equal(map[string]any{"clusterName": "tenant-a", "nodeAddresses": "Managed", "controlPlane": controlPlane}))
 }
 
 // Every kind the controller manages has its field of the variable, its part of a Variable and
