@@ -39,8 +39,10 @@ type controlPlaneReport struct {
 	// noService says why the Service cannot be used ("" when it can): not named, not found,
 	// not a Cilium LoadBalancer.
 	noService, noServiceReason string
-	// conflict names a pool or L2 policy of guestnet's name that is not guestnet's.
+	// conflict names a pool or L2 policy of guestnet's name that is not guestnet's;
+	// noCilium says the host serves no such kind.
 	conflict string
+	noCilium bool
 	// poolConflict is Cilium's PoolConflict condition on guestnet's pool, when True.
 	poolConflict *metav1.Condition
 	// ip is the Service's load-balancer IP ("" none yet); ipam its Cilium condition.
@@ -124,6 +126,8 @@ func (r *Reconciler) reconcileControlPlane(ctx context.Context, s *scope) (time.
 		rep.poolConflict = c
 	}
 
+	// What the Service has is read again below; until then it has nothing.
+	gni.Status.ControlPlaneAddress = ""
 	svc := &corev1.Service{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: gni.Namespace, Name: service}, svc); err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -177,7 +181,7 @@ func (r *Reconciler) ensureControlPlaneObject(ctx context.Context, s *scope, des
 	err := r.Client.Get(ctx, client.ObjectKey{Name: desired.GetName()}, live)
 	switch {
 	case optional.IsMissing(err):
-		rep.conflict = fmt.Sprintf("the host does not serve %s (is Cilium installed?)", desired.GetKind())
+		rep.conflict, rep.noCilium = fmt.Sprintf("the host does not serve %s: install Cilium with LB-IPAM and L2 announcements", desired.GetKind()), true
 		return nil, nil
 	case apierrors.IsNotFound(err):
 		live = nil
@@ -280,6 +284,8 @@ func setControlPlaneAddressCondition(gni *guestnetv1.GuestNodeIdentity, rep cont
 		c.Reason, c.Message = d.Reason, d.Message
 	case rep.noService != "":
 		c.Reason, c.Message = rep.noServiceReason, rep.noService
+	case rep.noCilium:
+		c.Reason, c.Message = guestnetv1.CiliumLBIPAMNotInstalledReason, rep.conflict
 	case rep.conflict != "":
 		c.Reason, c.Message = guestnetv1.HostObjectConflictReason, rep.conflict
 	case rep.poolConflict != nil:

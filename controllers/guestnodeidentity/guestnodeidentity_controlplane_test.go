@@ -24,6 +24,8 @@ func TestSetControlPlaneAddressCondition(t *testing.T) {
 		"no Service": {rep: controlPlaneReport{decision: admitted, noService: "Service k0smotron/kmc-a-lb does not exist (yet). k0smotron creates",
 			noServiceReason: guestnetv1.ControlPlaneServiceNotFoundReason},
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.ControlPlaneServiceNotFoundReason, wantIn: "k0smotron creates"},
+		"Cilium is not installed": {rep: controlPlaneReport{decision: admitted, conflict: "the host does not serve CiliumLoadBalancerIPPool: install Cilium", noCilium: true},
+			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.CiliumLBIPAMNotInstalledReason, wantIn: "install Cilium"},
 		"a pool of the name is someone else's": {rep: controlPlaneReport{decision: admitted, conflict: "CiliumLoadBalancerIPPool x exists"},
 			wantStatus: metav1.ConditionFalse, wantReason: guestnetv1.HostObjectConflictReason, wantIn: "exists"},
 		"Cilium reports a pool conflict": {rep: controlPlaneReport{decision: admitted, service: "kmc-a-lb", poolConflict: &metav1.Condition{Message: "overlaps web"}},

@@ -284,7 +284,9 @@ func controlPlaneAddressNotReady(s *State, gni *guestnetv1.GuestNodeIdentity, ho
 	case guestnetv1.ControlPlaneServiceNotLoadBalancerReason:
 		r.Fix = fmt.Sprintf("make Service %s of type LoadBalancer, served by Cilium: %s", orService(service), serviceTypeFix(s))
 	case guestnetv1.HostObjectConflictReason:
-		r.Fix = "a CiliumLoadBalancerIPPool or CiliumL2AnnouncementPolicy of guestnet's name is not guestnet's (or Cilium's CRDs are missing): delete it, or ask the host admin"
+		r.Fix = "a CiliumLoadBalancerIPPool or CiliumL2AnnouncementPolicy of guestnet's name is not guestnet's: delete it, or ask the host admin"
+	case guestnetv1.CiliumLBIPAMNotInstalledReason:
+		r.Fix = "the host serves no Cilium pools or L2 announcement policies: install Cilium with LB-IPAM and L2 announcements"
 	case guestnetv1.PoolConflictReason:
 		r.Fix = fmt.Sprintf("another pool holds %s, so Cilium hands out neither: the host admin removes the overlap (kubectl get ippools)", ip)
 	case guestnetv1.IPPendingReason:
