@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
-	"net/http"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -123,8 +121,9 @@ func TestNodeIdentity_ControlPlaneGetsAnAdmittedAddress(t *testing.T) {
 	// (the same path the node agent takes), and the agent becomes ready through it.
 	e.createVM(t, ns+"-a")
 	a := e.worker(t, ns+"-a")
-	caData := kubeconfigCA(g, l, cluster)
-	g.Eventually(func() error { return getReadyz(a, ip, caData) }).WithTimeout(nodeIdentityTimeout).Should(Succeed(),
+	cfg := clusterKubeconfig(g, l, cluster)
+	g.Expect(cfg.Host).To(Equal("https://" + net.JoinHostPort(ip, fmt.Sprint(lab.APIServerPort))))
+	g.Eventually(func(g Gomega) { readyz(e.ctx, g, cfg, a.DialFromVM) }).WithTimeout(nodeIdentityTimeout).Should(Succeed(),
 		"the guest apiserver at the control plane's address, from inside a VM on the kernel datapath")
 	g.Eventually(func(g Gomega) {
 		c := e.condition(g, gni, guestnetv1.ReadyCondition)
@@ -166,39 +165,12 @@ func TestNodeIdentity_ControlPlaneGetsAnAdmittedAddress(t *testing.T) {
 // ClusterCache retries a failed connection after 30 s.
 const guestConnectTimeout = 2 * time.Minute
 
-// kubeconfigCA is the CA of the Cluster's <cluster>-kubeconfig Secret, which k0smotron wrote.
-func kubeconfigCA(g Gomega, l *lab.Lab, cluster client.ObjectKey) []byte {
+// clusterKubeconfig is the client configuration of the Cluster's <cluster>-kubeconfig Secret,
+// which k0smotron wrote.
+func clusterKubeconfig(g Gomega, l *lab.Lab, cluster client.ObjectKey) *rest.Config {
 	secret := &corev1.Secret{}
 	g.Expect(l.Host.Client.Get(context.Background(), client.ObjectKey{Namespace: cluster.Namespace, Name: cluster.Name + "-kubeconfig"}, secret)).To(Succeed())
-	cfg, err := clientcmd.Load(secret.Data["value"])
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(secret.Data["value"])
 	g.Expect(err).NotTo(HaveOccurred())
-	for _, c := range cfg.Clusters {
-		g.Expect(c.Server).To(Equal("https://" + net.JoinHostPort(lab.GuestControlPlaneLoadBalancerIP, fmt.Sprint(lab.APIServerPort))))
-		return c.CertificateAuthorityData
-	}
-	g.Expect(cfg.Clusters).NotTo(BeEmpty())
-	return nil
-}
-
-// getReadyz asks, from inside w's VM, the apiserver at ip for /readyz, verifying its
-// certificate for ip with caData.
-func getReadyz(w *lab.Worker, ip string, caData []byte) error {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caData) {
-		return fmt.Errorf("no CA in the kubeconfig")
-	}
-	return w.DoInVM(func() error {
-		c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
-			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: ip, MinVersion: tls.VersionTLS12},
-		}}
-		resp, err := c.Get("https://" + net.JoinHostPort(ip, fmt.Sprint(lab.APIServerPort)) + "/readyz")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	})
+	return cfg
 }

@@ -148,34 +148,36 @@ func TestLab_K0smotronStandInExposesTheControlPlaneOnALoadBalancerIP(t *testing.
 	g.Expect(host.Get(ctx, svcKey, svc)).To(Succeed())
 	g.Expect(svc.Annotations).To(HaveKeyWithValue("lbipam.cilium.io/ips", ip), "k0smotron's applies leave another manager's annotation alone")
 
-	// readyz GETs /readyz through cfg (the kubeconfig's CA and client certificate; TLS verifies
-	// the IP against the serving certificate), dialing with dial when set.
-	readyz := func(g Gomega, dial func(ctx context.Context, network, address string) (net.Conn, error)) {
-		c := rest.CopyConfig(cfg)
-		c.Dial = dial
-		hc, err := rest.HTTPClientFor(c)
-		g.Expect(err).NotTo(HaveOccurred())
-		defer hc.CloseIdleConnections()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/readyz", http.NoBody)
-		g.Expect(err).NotTo(HaveOccurred())
-		resp, err := hc.Do(req)
-		g.Expect(err).NotTo(HaveOccurred())
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		g.Expect(resp.StatusCode).To(Equal(http.StatusOK), "%s", body)
-		g.Expect(string(body)).To(Equal("ok"))
-	}
 	t.Run("the guest apiserver answers through the IP from the lab namespace", func(t *testing.T) {
-		NewWithT(t).Eventually(func(g Gomega) { readyz(g, nil) }).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		NewWithT(t).Eventually(func(g Gomega) { readyz(ctx, g, cfg, nil) }).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
 	})
 	t.Run("and from inside a worker VM on the kernel datapath", func(t *testing.T) {
 		g := NewWithT(t)
 		w, err := l.AddWorker(ctx, gc, ns+"-w", "10.244.115.5", lab.OnKernelDatapath())
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Eventually(func(g Gomega) {
-			readyz(g, func(ctx context.Context, network, address string) (net.Conn, error) {
+			readyz(ctx, g, cfg, func(ctx context.Context, network, address string) (net.Conn, error) {
 				return w.DialFromVM(ctx, network, address)
 			})
 		}).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
 	})
+}
+
+// readyz GETs /readyz through cfg (a kubeconfig's CA and client certificate; TLS verifies the
+// server's address against the serving certificate), dialing with dial when set (from inside
+// a VM, say), and expects "ok".
+func readyz(ctx context.Context, g Gomega, cfg *rest.Config, dial func(ctx context.Context, network, address string) (net.Conn, error)) {
+	c := rest.CopyConfig(cfg)
+	c.Dial = dial
+	hc, err := rest.HTTPClientFor(c)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/readyz", http.NoBody)
+	g.Expect(err).NotTo(HaveOccurred())
+	resp, err := hc.Do(req)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK), "%s", body)
+	g.Expect(string(body)).To(Equal("ok"))
 }

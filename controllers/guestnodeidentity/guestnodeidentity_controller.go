@@ -159,8 +159,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // withControlPlane maps any event to every GuestNodeIdentity with spec.controlPlane (few: one
 // per Cluster that asks for a control plane address).
 func (r *Reconciler) withControlPlane(ctx context.Context, o client.Object) []reconcile.Request {
+	var opts []client.ListOption
+	if ns, ok := o.(*corev1.Namespace); ok {
+		opts = append(opts, client.InNamespace(ns.Name)) // a namespace's labels concern its own
+	}
 	list := &guestnetv1.GuestNodeIdentityList{}
-	if err := r.Client.List(ctx, list); err != nil {
+	if err := r.Client.List(ctx, list, opts...); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestNodeIdentities")
 		return nil
 	}
@@ -168,9 +172,6 @@ func (r *Reconciler) withControlPlane(ctx context.Context, o client.Object) []re
 	for i := range list.Items {
 		gni := &list.Items[i]
 		if gni.Spec.ControlPlane == nil {
-			continue
-		}
-		if ns, ok := o.(*corev1.Namespace); ok && ns.Name != gni.Namespace {
 			continue
 		}
 		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gni)})

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	corev1 "k8s.io/api/core/v1"
+
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
 
@@ -22,7 +24,7 @@ func ControlPlaneClaim(gni *guestnetv1.GuestNodeIdentity) *guestnetv1.GuestIngre
 		IP:                    cp.IP,
 		L2:                    cp.L2,
 		Class:                 guestnetv1.DefaultLoadBalancerClass,
-		ExternalTrafficPolicy: "Cluster",
+		ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster,
 	}
 	return claim
 }
