@@ -249,6 +249,8 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache cluste
 		WatchFilterValue: o.WatchFilterValue,
 		WatchNamespace:   o.WatchNamespace,
 		Cilium:           gates.Cilium,
+		CiliumBGP:        gates.CiliumBGP,
+		MetalLB:          gates.MetalLB,
 	}).SetupWithManager(ctx, mgr, manager.Concurrency(o.GuestIngressConcurrency)); err != nil {
 		return fmt.Errorf("setting up GuestIngress controller: %w", err)
 	}

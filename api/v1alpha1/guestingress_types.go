@@ -158,6 +158,8 @@ type IngressPort struct {
 // malformed ones): cidr()/containsIP() fail with a CEL runtime error ("no such overload") on
 // strings that do not parse.
 // +kubebuilder:validation:XValidation:rule="!has(self.ip) || !has(self.cidrs) || !isIP(self.ip) || !self.cidrs.all(c, isCIDR(c)) || self.cidrs.exists(c, cidr(c).containsIP(self.ip))",message="loadBalancer.ip must be inside one of loadBalancer.cidrs"
+// +kubebuilder:validation:XValidation:rule="!(has(self.ip) && has(self.ips))",message="loadBalancer.ip and loadBalancer.ips are mutually exclusive: list both addresses of a dual-stack Service in ips"
+// +kubebuilder:validation:XValidation:rule="!(has(self.externalTrafficPolicy) && self.externalTrafficPolicy == 'Local' && (!has(self.class) || self.class == 'io.cilium/l2-announcer'))",message="externalTrafficPolicy Local does not work with Cilium's L2 announcer (io.cilium/l2-announcer): Cilium documents L2 announcements as incompatible with it, because the announcing node may have no local endpoint and drops the traffic. Use Cluster, or a class announced with BGP or MetalLB, which announce from nodes with local endpoints only"
 type LoadBalancerSpec struct {
 	// ip is the fixed load-balancer IP, requested from Cilium LB-IPAM with the
 	// lbipam.cilium.io/ips annotation. Alone, guestnet creates a pool holding just this IP.
@@ -175,6 +177,30 @@ type LoadBalancerSpec struct {
 	// +kubebuilder:validation:items:MaxLength=49
 	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each cidr must be a CIDR such as 10.2.6.220/29"
 	CIDRs []string `json:"cidrs,omitempty"`
+
+	// ips are fixed load-balancer IPs, at most one per IP family, for a dual-stack host
+	// Service (e.g. 10.2.6.220 and 2001:db8:6::220); the first is the primary family. Use ip
+	// for one address.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:MaxLength=45
+	// +kubebuilder:validation:items:XValidation:rule="isIP(self)",message="each of ips must be an IPv4 or IPv6 address, e.g. 2001:db8:6::220"
+	// +kubebuilder:validation:XValidation:rule="size(self) < 2 || !self.all(i, isIP(i)) || ip(self[0]).family() != ip(self[1]).family()",message="loadBalancer.ips holds at most one address per IP family"
+	IPs []string `json:"ips,omitempty"`
+
+	// ipFamilies of the host Service, primary first; with two the Service is dual-stack
+	// (ipFamilyPolicy RequireDualStack), with one single-stack. guestnet always sets both
+	// fields on the host Service. Unset: the families of ip or ips, else of cidrs (in their
+	// order), else IPv4.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:Enum=IPv4;IPv6
+	// +kubebuilder:validation:XValidation:rule="size(self) < 2 || self[0] != self[1]",message="loadBalancer.ipFamilies lists each family once"
+	IPFamilies []corev1.IPFamily `json:"ipFamilies,omitempty"`
 
 	// poolRef names an existing CiliumLoadBalancerIPPool that guestnet does not own. Its
 	// serviceSelector must match the host Service (guestnet labels it with the cluster name).
@@ -195,7 +221,10 @@ type LoadBalancerSpec struct {
 	Class string `json:"class,omitempty"`
 
 	// externalTrafficPolicy of the host Service. Cluster (the default) combines well with L2
-	// announcements; Local keeps client source IPs but answers only on nodes with a worker.
+	// announcements. Local keeps the client's source IP all the way to the guest's ingress
+	// controller: guestnet then forwards only to the workers that run a ready endpoint of the
+	// guest Service, and the guest Service must be Local too (docs/client-source-ip.md). Not
+	// with Cilium's L2 announcer.
 	// +optional
 	// +kubebuilder:default=Cluster
 	// +kubebuilder:validation:Enum=Cluster;Local
@@ -209,6 +238,12 @@ type LoadBalancerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 4096)",message="each value of loadBalancer.annotations may be at most 4096 characters long"
 	Annotations map[string]string `json:"annotations,omitempty"`
 
+	// bgp is what the BGP route of the IP carries when the admitting policy announces it
+	// with BGP (Cilium's BGP control plane, or MetalLB in BGP mode): each community must be
+	// one the policy allows.
+	// +optional
+	BGP *BGPAnnouncementSpec `json:"bgp,omitempty"`
+
 	// labels copied to the host Service and kept in sync: at most 32, keys qualified
 	// names, values label values (their characters are checked when the host Service is
 	// built: the apiserver cannot afford a pattern on every map value at admission).
@@ -217,6 +252,50 @@ type LoadBalancerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?([.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && (!k.contains('/') || k.indexOf('/') <= 253))",message="each key of loadBalancer.labels must be a qualified name: an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of at most 63 characters (letters, digits, '-', '_', '.'), e.g. example.com/tier"
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 63)",message="each value of loadBalancer.labels must be a label value: at most 63 characters"
 	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// BGPAnnouncementSpec is what a GuestIngress asks to be attached to the BGP route of its IP.
+type BGPAnnouncementSpec struct {
+	// communities attached to the route; each must be allowed by the admitting policy
+	// (compared by value: 65535:65281, 4294967041 and no-export are one community).
+	// +optional
+	Communities *BGPCommunities `json:"communities,omitempty"`
+
+	// advertisementLabels are added to the CiliumBGPAdvertisement guestnet creates: the
+	// labels by which the platform's CiliumBGPPeerConfigs choose advertisements, so the
+	// tenant picks among the peer groups the policy offers (allowedAdvertisementLabels).
+	// +optional
+	// +kubebuilder:validation:MaxProperties=8
+	AdvertisementLabels map[string]string `json:"advertisementLabels,omitempty"`
+}
+
+// BGPCommunities are BGP community values, written as Cilium's CiliumBGPAdvertisement
+// writes them.
+type BGPCommunities struct {
+	// standard communities (RFC 1997): a 32-bit decimal number, or two 16-bit decimal
+	// numbers separated by a colon, e.g. 65000:100.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=11
+	// +kubebuilder:validation:items:Pattern=`^([0-9]{1,10}|[0-9]{1,5}:[0-9]{1,5})$`
+	Standard []string `json:"standard,omitempty"`
+
+	// wellKnown communities by name (RFC 1997 and IANA's registry), e.g. no-export.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Enum=internet;planned-shut;accept-own;route-filter-translated-v4;route-filter-v4;route-filter-translated-v6;route-filter-v6;llgr-stale;no-llgr;blackhole;no-export;no-advertise;no-export-subconfed;no-peer
+	WellKnown []string `json:"wellKnown,omitempty"`
+
+	// large communities (RFC 8092): three 32-bit decimal numbers separated by colons, e.g.
+	// 64512:1:100.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=32
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{1,10}:[0-9]{1,10}:[0-9]{1,10}$`
+	Large []string `json:"large,omitempty"`
 }
 
 // PoolReference names a cluster-scoped CiliumLoadBalancerIPPool.

@@ -141,6 +141,21 @@ type GuestIngressPolicySpec struct {
 	// +optional
 	L2Announcement *L2AnnouncementPolicy `json:"l2Announcement,omitempty"`
 
+	// bgpAdvertisement says how an admitted GuestIngress of Cilium's BGP class
+	// (io.cilium/bgp-control-plane) is announced: guestnet creates one
+	// CiliumBGPAdvertisement per GuestIngress, selecting only its host Service, labelled so
+	// that the platform's CiliumBGPPeerConfigs pick it up. Peering stays the platform's.
+	// Without it, that class is not admitted.
+	// +optional
+	BGPAdvertisement *BGPAdvertisementPolicy `json:"bgpAdvertisement,omitempty"`
+
+	// metalLB says how an admitted GuestIngress of MetalLB's class is given its IP and
+	// announced: guestnet creates a MetalLB IPAddressPool whose serviceAllocation admits only
+	// its host Service, and the advertisements named here for that pool alone. Without it,
+	// MetalLB's class is not admitted.
+	// +optional
+	MetalLB *MetalLBPolicy `json:"metalLB,omitempty"`
+
 	// hostService says what a GuestIngress may pass to its host Service.
 	// +optional
 	// +kubebuilder:default={}
@@ -170,6 +185,99 @@ type L2AnnouncementPolicy struct {
 	// with the GuestIngress's own spec.loadBalancer.l2.nodeSelector. {} selects every node.
 	// +required
 	NodeSelector metav1.LabelSelector `json:"nodeSelector"`
+}
+
+// BGPAdvertisementPolicy bounds the CiliumBGPAdvertisements guestnet creates.
+type BGPAdvertisementPolicy struct {
+	// advertisementLabels are put on every CiliumBGPAdvertisement guestnet creates under
+	// this policy: the labels the platform's CiliumBGPPeerConfig families[].advertisements
+	// selector matches, e.g. {bgp.example.com/advertise: tenants}.
+	// +required
+	// +kubebuilder:validation:MinProperties=1
+	// +kubebuilder:validation:MaxProperties=8
+	AdvertisementLabels map[string]string `json:"advertisementLabels"`
+
+	// allowedAdvertisementLabels are the extra labels, each "key=value", a GuestIngress may
+	// add (spec.loadBalancer.bgp.advertisementLabels) to choose among the platform's peer
+	// groups. None by default.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=317
+	// +kubebuilder:validation:items:Pattern=`^[^=]+=[^=]*$`
+	AllowedAdvertisementLabels []string `json:"allowedAdvertisementLabels,omitempty"`
+
+	// communities a GuestIngress may attach to its route (spec.loadBalancer.bgp.communities).
+	// None by default. A community is allowed when its value is listed here in any form.
+	// +optional
+	Communities *BGPCommunities `json:"communities,omitempty"`
+}
+
+// MetalLBPolicy says how guestnet uses MetalLB for the GuestIngresses a policy admits.
+type MetalLBPolicy struct {
+	// loadBalancerClass is the class MetalLB's controller serves (its --lb-class flag): a
+	// GuestIngress whose spec.loadBalancer.class is this one is given its IP and announced by
+	// MetalLB. It must also be in spec.loadBalancerClasses.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	LoadBalancerClass string `json:"loadBalancerClass"`
+
+	// namespace MetalLB runs in, where guestnet creates the IPAddressPools and advertisements.
+	// +optional
+	// +kubebuilder:default=metallb-system
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
+
+	// l2Advertisement, when set, makes guestnet create an L2Advertisement for each pool,
+	// announcing it with ARP/NDP from these interfaces and nodes. MetalLB's L2 mode announces
+	// from a node with a ready local endpoint when externalTrafficPolicy is Local.
+	// +optional
+	L2Advertisement *MetalLBL2Advertisement `json:"l2Advertisement,omitempty"`
+
+	// bgpAdvertisement, when set, makes guestnet create a BGPAdvertisement for each pool,
+	// announcing it as a /32 (/128) to these peers.
+	// +optional
+	BGPAdvertisement *MetalLBBGPAdvertisement `json:"bgpAdvertisement,omitempty"`
+}
+
+// MetalLBL2Advertisement bounds the L2Advertisements guestnet creates.
+type MetalLBL2Advertisement struct {
+	// interfaces MetalLB announces from (exact names); empty means every interface.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=15
+	Interfaces []string `json:"interfaces,omitempty"`
+
+	// nodeSelectors select the nodes that may announce (any of them); empty means every node.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	NodeSelectors []metav1.LabelSelector `json:"nodeSelectors,omitempty"`
+}
+
+// MetalLBBGPAdvertisement bounds the BGPAdvertisements guestnet creates.
+type MetalLBBGPAdvertisement struct {
+	// peers are the names of the platform's BGPPeers to announce to; empty means every peer.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	Peers []string `json:"peers,omitempty"`
+
+	// nodeSelectors select the nodes that may announce (any of them); empty means every node.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	NodeSelectors []metav1.LabelSelector `json:"nodeSelectors,omitempty"`
+
+	// communities a GuestIngress may attach to its route. None by default.
+	// +optional
+	Communities *BGPCommunities `json:"communities,omitempty"`
 }
 
 // HostServicePolicy says what a GuestIngress may pass to its host Service.

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -73,6 +74,10 @@ type Reconciler struct {
 	// and the pool and policy watches start once it does (internal/optional). Taken to be
 	// installed when nil.
 	Cilium *optional.Gate
+	// CiliumBGP and MetalLB say whether the host serves the other announcers' APIs: a
+	// GuestIngress whose policy chose a missing one is refused with the gate's message, and
+	// their watches start once they are served. Taken to be installed when nil.
+	CiliumBGP, MetalLB *optional.Gate
 
 	// HostAddresses keeps the host's own addresses, which admission never hands out;
 	// SetupWithManager makes one when nil.
@@ -221,7 +226,44 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	r.controller = c
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
-	return r.Cilium.WhenInstalled(ctx, r.watchCilium(mgr, c))
+	if err := r.Cilium.WhenInstalled(ctx, r.watchCilium(mgr, c)); err != nil {
+		return err
+	}
+	for _, w := range []struct {
+		gate *optional.Gate
+		kind []*unstructured.Unstructured
+	}{
+		{r.CiliumBGP, []*unstructured.Unstructured{ingress.NewBGPAdvertisement()}},
+		{r.MetalLB, []*unstructured.Unstructured{ingress.NewMetalLBPool(), ingress.NewMetalLBL2Advertisement(), ingress.NewMetalLBBGPAdvertisement()}},
+	} {
+		if err := w.gate.WhenInstalled(ctx, r.watchAnnouncer(mgr, c, w.gate, w.kind)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watchAnnouncer adds the watches of an announcer's kinds to c once its API is served (a
+// deleted or changed advertisement is put back), with a reconcile of every GuestIngress when it
+// came later (those refused for the missing API build their chain then).
+func (r *Reconciler) watchAnnouncer(mgr ctrl.Manager, c controller.Controller, gate *optional.Gate, kinds []*unstructured.Unstructured) func(context.Context) error {
+	installedLater := !gate.Installed()
+	return func(context.Context) error {
+		for _, kind := range kinds {
+			if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(kind), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress))); err != nil {
+				return err
+			}
+		}
+		if !installedLater {
+			return nil
+		}
+		return c.Watch(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+			for _, req := range r.allGuestIngresses(ctx, nil) {
+				q.Add(req)
+			}
+			return nil
+		}))
+	}
 }
 
 // watchCilium adds the watches of Cilium's pools and L2 policies to c: at setup when Cilium
@@ -265,6 +307,14 @@ func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list;watch
 // Cilium LB-IPAM pool (created from spec.loadBalancer, or read when poolRef names one) and L2 announcement policy.
 // +kubebuilder:rbac:groups=cilium.io,resources=ciliumloadbalancerippools;ciliuml2announcementpolicies,verbs=get;list;watch;create;patch;delete
+// The announcers a policy may choose besides Cilium's L2: a CiliumBGPAdvertisement per
+// GuestIngress of Cilium's BGP class; a MetalLB IPAddressPool and the advertisements the
+// policy names per GuestIngress of MetalLB's class (in MetalLB's namespace).
+// +kubebuilder:rbac:groups=cilium.io,resources=ciliumbgpadvertisements,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=metallb.io,resources=ipaddresspools;l2advertisements;bgpadvertisements,verbs=get;list;watch;create;patch;delete
+// With externalTrafficPolicy Local guestnet writes the host Service's EndpointSlices itself,
+// from the worker virt-launcher pods (cached) whose guest node runs the ingress controller.
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=create;patch;delete
 // PortsDeclared: the worker MachineDeployments and their templates are read (the
 // workerports controller is the one that writes them).
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=kubevirtmachinetemplates,verbs=get;list;watch

@@ -60,7 +60,8 @@ func (r *Reconciler) reconcileHeld(ctx context.Context, s *scope) error {
 		return err
 	}
 
-	ex := policy.HeldBeyondAdmitted(s.admissionInput, o.Admission, policy.Held{HostService: o.HostService, Pool: o.Pool, L2Policy: o.L2Policy})
+	ex := policy.HeldBeyondAdmitted(s.admissionInput, o.Admission, policy.Held{HostService: o.HostService, Pool: o.Pool, L2Policy: o.L2Policy,
+		Announcers: o.Announcers})
 	reason := eventRevoked
 	if !o.Admission.Admitted {
 		reason = o.Admission.Reason
@@ -74,6 +75,13 @@ func (r *Reconciler) reconcileHeld(ctx context.Context, s *scope) error {
 	}
 	if o.L2Policy, err = cut(ctx, r, s, o.L2Policy, ex.L2Policy, reason); err != nil {
 		errs = append(errs, err)
+	}
+	for i, pair := range o.Announcers.Pairs(ingress.AnnouncerObjects{}) {
+		left, err := cut(ctx, r, s, pair[0], ex.Announcers[i], reason)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		setAnnouncer(&o.Announcers, i, left)
 	}
 	s.revoked = !ex.None()
 	for _, obj := range []**unstructured.Unstructured{&o.Pool, &o.L2Policy} {

@@ -69,6 +69,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		// No event says that the guest shrank: count again.
 		return ctrl.Result{RequeueAfter: guestbounds.DefaultCheckEvery}, nil
 	}
+	if s.err == nil && isLocalPlan(s) {
+		// No watch follows the guest's endpoints (they are read live): look again.
+		return ctrl.Result{RequeueAfter: localEndpointsResync}, nil
+	}
 	return ctrl.Result{}, s.err
 }
 
@@ -119,6 +123,9 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		}
 	}
 	s.observed = o
+	if s.guestClient != nil && o.Eligible() && ingress.Local(gi) {
+		return r.observeLocalEndpoints(ctx, s)
+	}
 	return nil
 }
 
@@ -377,7 +384,7 @@ func (r *Reconciler) observeHostObjects(ctx context.Context, w *hostWorld, o *in
 	if ref := gi.Spec.LoadBalancer.PoolRef; ref != nil {
 		o.RefPool = w.poolsByName[ref.Name]
 	}
-	return nil
+	return r.observeAnnouncers(ctx, o)
 }
 
 // getHostObject reads a host object guestnet would own into obj: nil when it does not exist;
@@ -405,8 +412,11 @@ func kindOf(obj client.Object) string {
 	if kind := obj.GetObjectKind().GroupVersionKind().Kind; kind != "" {
 		return kind
 	}
-	if _, ok := obj.(*corev1.Service); ok {
+	switch obj.(type) {
+	case *corev1.Service:
 		return "Service"
+	case *discoveryv1.EndpointSlice:
+		return "EndpointSlice"
 	}
 	return fmt.Sprintf("%T", obj)
 }
@@ -456,6 +466,7 @@ func (r *Reconciler) apply(ctx context.Context, s *scope) error {
 			r.deleteObject(ctx, s, o.HostService, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
 			r.deleteObject(ctx, s, o.Pool, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
 			r.deleteObject(ctx, s, o.L2Policy, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
+			r.deleteAnnouncers(ctx, s, corev1.EventTypeWarning, p.WithdrawReason, p.WithdrawMessage),
 		})
 	}
 	if err := r.applyGuestService(ctx, s); err != nil {
@@ -601,7 +612,7 @@ func sameRef(held *guestnetv1.ObjectReference, ref guestnetv1.ObjectReference) b
 // applyHostObjects applies the pool and L2 policy (or deletes guestnet's when the spec no
 // longer needs them) and the host Service (when its nodePorts are usable and the guest took
 // the fixed ones), through ClusterIP when its class changes.
-func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
+func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) (err error) {
 	gi, o, p, res := s.guestIngress, s.observed, s.plan, s.result
 	if err := r.ensureObject(ctx, s, p.Pool, o.Pool); err != nil {
 		return err
@@ -609,9 +620,17 @@ func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) error {
 	if err := r.ensureObject(ctx, s, p.L2Policy, o.L2Policy); err != nil {
 		return err
 	}
+	if err := r.applyAnnouncers(ctx, s); err != nil {
+		return err
+	}
 	if p.HostService == nil || res.GuestRefused != "" || res.HostRejected != "" {
 		return nil // the host Service keeps forwarding where it does
 	}
+	defer func() {
+		if err == nil && res.HostRejected == "" {
+			err = r.applyEndpointSlices(ctx, s)
+		}
+	}()
 	for _, step := range []*corev1ac.ServiceApplyConfiguration{p.ReclassHostService, p.HostService} {
 		if step == nil {
 			continue
@@ -860,6 +879,7 @@ func (r *Reconciler) deleteHostObjects(ctx context.Context, s *scope, eventType,
 		r.deleteOwned(ctx, s, &corev1.Service{}, hostnames.HostService(gi), gi.Namespace, eventType, reason, why),
 		r.deleteOwned(ctx, s, ingress.NewPool(), hostnames.Pool(gi), "", eventType, reason, why),
 		r.deleteOwned(ctx, s, ingress.NewL2Policy(), hostnames.L2Policy(gi), "", eventType, reason, why),
+		r.deleteAnnouncers(ctx, s, eventType, reason, why),
 	})
 }
 

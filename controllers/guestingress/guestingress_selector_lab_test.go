@@ -30,7 +30,7 @@ func TestGuestIngressPhases_AnOlderSelectorIsUpgraded(t *testing.T) {
 			older[k] = v
 		}
 	}
-	applied := ingress.HostService(e.getGuestIngress(gi), map[string]int32{"http": e.nodePort(0), "https": e.nodePort(1)})
+	applied := ingress.HostService(e.getGuestIngress(gi), map[string]int32{"http": e.nodePort(0), "https": e.nodePort(1)}, ingress.Admission{})
 	applied.Spec.Selector = older
 	e.g.Expect(e.host.Apply(e.ctx, applied, client.FieldOwner(ownership.FieldManager), client.ForceOwnership)).To(Succeed())
 	e.g.Expect(applied.Spec.Selector).To(Equal(older), "the apply's answer: the Service as an older guestnet left it")

@@ -120,17 +120,22 @@ func TestHostService(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			svc := toService(t, HostService(tt.gi, nodePorts))
+			svc := toService(t, HostService(tt.gi, nodePorts, Admission{}))
 
 			g.Expect(svc.Namespace).To(Equal("k0smotron"))
 			g.Expect(svc.Name).To(Equal("tenant-a-web"))
 			g.Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeLoadBalancer))
 			// Exactly the labels CAPI/CAPK guarantee on worker virt-launcher pods, the
-			// KubevirtMachines' namespace among them.
-			g.Expect(svc.Spec.Selector).To(Equal(map[string]string{
-				"cluster.x-k8s.io/cluster-name": "tenant-a", "cluster.x-k8s.io/role": "worker", "kubevirt.io": "virt-launcher",
-				"capk.cluster.x-k8s.io/kubevirt-machine-namespace": "k0smotron",
-			}))
+			// KubevirtMachines' namespace among them; none with Local (guestnet writes the
+			// endpoints: TestLocalEndpointsFollowTheIngressPods).
+			if tt.wantETP == corev1.ServiceExternalTrafficPolicyLocal {
+				g.Expect(svc.Spec.Selector).To(BeEmpty())
+			} else {
+				g.Expect(svc.Spec.Selector).To(Equal(map[string]string{
+					"cluster.x-k8s.io/cluster-name": "tenant-a", "cluster.x-k8s.io/role": "worker", "kubevirt.io": "virt-launcher",
+					"capk.cluster.x-k8s.io/kubevirt-machine-namespace": "k0smotron",
+				}))
+			}
 			g.Expect(svc.Spec.Ports).To(Equal([]corev1.ServicePort{
 				{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(30080)},
 				{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(30443)},

@@ -68,8 +68,8 @@ func LoadBalancerClass(gi *guestnetv1.GuestIngress) string {
 	return guestnetv1.DefaultLoadBalancerClass
 }
 
-// PoolPrefixes are the ranges of the pool guestnet creates for gi: the cidrs, or the lone ip
-// as a /32 (/128). None with poolRef. Entries that do not parse (the CRD validates them) are
+// PoolPrefixes are the ranges of the pool guestnet creates for gi (Cilium's or MetalLB's): the
+// cidrs, or each fixed IP as a /32 (/128). None with poolRef. Entries that do not parse (the CRD validates them) are
 // skipped.
 func PoolPrefixes(gi *guestnetv1.GuestIngress) []netip.Prefix {
 	lb := gi.Spec.LoadBalancer
@@ -85,7 +85,7 @@ func PoolPrefixes(gi *guestnetv1.GuestIngress) []netip.Prefix {
 		}
 		return out
 	}
-	if ip, err := netip.ParseAddr(lb.IP); err == nil {
+	for _, ip := range RequestedAddrs(gi) {
 		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
 	}
 	return out

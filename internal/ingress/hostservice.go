@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
@@ -53,12 +52,21 @@ func HostServiceLabels(gi *guestnetv1.GuestIngress) map[string]string {
 }
 
 // HostServiceAnnotations are the annotations of gi's host Service: spec.loadBalancer.annotations
-// without the forbidden keys, Cilium LB-IPAM's IP request for spec.loadBalancer.ip, and the
-// mark of the manager instance that made it (ownership.WatchFilterAnnotation).
-func HostServiceAnnotations(gi *guestnetv1.GuestIngress) map[string]string {
+// without the forbidden keys, the announcer's IP request for the fixed IPs (Cilium LB-IPAM's
+// lbipam.cilium.io/ips, or MetalLB's metallb.io/loadBalancerIPs with metallb.io/address-pool
+// naming guestnet's pool, so that no other pool hands it an address), and the mark of the
+// manager instance that made it (ownership.WatchFilterAnnotation).
+func HostServiceAnnotations(gi *guestnetv1.GuestIngress, a Announcer) map[string]string {
 	annotations := withoutForbiddenKeys(gi.Spec.LoadBalancer.Annotations)
-	if ip := gi.Spec.LoadBalancer.IP; ip != "" {
-		annotations[LBIPAMIPsAnnotation] = ip
+	ips := strings.Join(RequestedIPs(gi), ",")
+	switch {
+	case a == AnnouncerMetalLB:
+		annotations[MetalLBAddressPoolAnnotation] = hostnames.Pool(gi)
+		if ips != "" {
+			annotations[MetalLBLoadBalancerIPsAnnotation] = ips
+		}
+	case ips != "":
+		annotations[LBIPAMIPsAnnotation] = ips
 	}
 	if mark := ownership.InstanceMark(gi); mark != "" {
 		annotations[ownership.WatchFilterAnnotation] = mark
@@ -75,9 +83,9 @@ func HostServiceAnnotations(gi *guestnetv1.GuestIngress) map[string]string {
 // guestnet's field manager, so a label or annotation the user removes from spec.loadBalancer
 // is removed from the Service on the next apply. gi must have its UID (it is the Service's
 // controller: the garbage collector deletes the Service with it).
-func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) *corev1ac.ServiceApplyConfiguration {
+func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32, a Admission) *corev1ac.ServiceApplyConfiguration {
 	lb := gi.Spec.LoadBalancer
-	annotations := HostServiceAnnotations(gi)
+	annotations := HostServiceAnnotations(gi, a.Announcer)
 
 	ports := make([]*corev1ac.ServicePortApplyConfiguration, 0, len(gi.Spec.Ports))
 	for _, p := range gi.Spec.Ports {
@@ -93,22 +101,23 @@ func HostService(gi *guestnetv1.GuestIngress, nodePorts map[string]int32) *corev
 		etp = corev1.ServiceExternalTrafficPolicyCluster
 	}
 
+	families := IPFamilies(gi)
+	spec := corev1ac.ServiceSpec().
+		WithType(corev1.ServiceTypeLoadBalancer).
+		WithPorts(ports...).
+		WithLoadBalancerClass(LoadBalancerClass(gi)).
+		WithAllocateLoadBalancerNodePorts(false).
+		WithExternalTrafficPolicy(etp).
+		WithIPFamilyPolicy(IPFamilyPolicy(families)).
+		WithIPFamilies(families...)
+	if !Local(gi) {
+		// With Local, guestnet writes the endpoints itself (HostEndpointSlices).
+		spec.WithSelector(virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName))
+	}
 	svc := corev1ac.Service(hostnames.HostService(gi), gi.Namespace).
 		WithLabels(HostServiceLabels(gi)).
-		WithOwnerReferences(metav1ac.OwnerReference().
-			WithAPIVersion(guestnetv1.GroupVersion.String()).
-			WithKind("GuestIngress").
-			WithName(gi.Name).
-			WithUID(gi.UID).
-			WithController(true).
-			WithBlockOwnerDeletion(true)).
-		WithSpec(corev1ac.ServiceSpec().
-			WithType(corev1.ServiceTypeLoadBalancer).
-			WithSelector(virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName)).
-			WithPorts(ports...).
-			WithLoadBalancerClass(LoadBalancerClass(gi)).
-			WithAllocateLoadBalancerNodePorts(false).
-			WithExternalTrafficPolicy(etp))
+		WithOwnerReferences(controllerRef(gi)).
+		WithSpec(spec)
 	if len(annotations) > 0 {
 		svc.WithAnnotations(annotations)
 	}

@@ -3,6 +3,7 @@ package ingress
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	discoveryv1ac "k8s.io/client-go/applyconfigurations/discovery/v1"
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -33,6 +35,11 @@ type Admission struct {
 	Reason, Message string
 	// Announcement is where the L2 announcement policy announces from.
 	Announcement Announcement
+	// Announcer gives and announces the IP (from the class and the admitting policy);
+	// BGP is what a CiliumBGP route carries; MetalLB how MetalLB gives and announces it.
+	Announcer Announcer
+	BGP       BGPAnnouncement
+	MetalLB   MetalLBAnnouncement
 	// Detail is what Message leaves out because it is not the tenant's to read (which
 	// policy that does not select the namespace would allow it, which of the platform's
 	// pools stand in the way), for the manager's log; "" when nothing is left out.
@@ -69,7 +76,15 @@ type Observed struct {
 	HostService *corev1.Service
 	Pool        *unstructured.Unstructured
 	L2Policy    *unstructured.Unstructured
+	Announcers  AnnouncerObjects
 	Foreign     string
+	// MissingAPI says, when the announcer the policy chose needs an API the host does not
+	// serve (Cilium's BGP CRDs, MetalLB's), what is missing and what to install; "" otherwise.
+	MissingAPI string
+	// LocalEndpoints, with externalTrafficPolicy Local, are the worker endpoints the host
+	// Service forwards to: the virt-launcher pods of the workers that run a ready endpoint of
+	// the guest Service (nil when not observed).
+	LocalEndpoints []Endpoint
 	// RefPool is the pool spec.loadBalancer.poolRef names; nil when none or it does not exist.
 	RefPool *unstructured.Unstructured
 }
@@ -123,8 +138,13 @@ type Plan struct {
 	// Host is false when the host objects are left as they are (refused, or the guest cannot
 	// be reached); then the fields below are unset.
 	Host bool
-	// Pool and L2Policy are applied; nil: guestnet's own (if any) is deleted.
+	// Pool and L2Policy are applied; nil: guestnet's own (if any) is deleted. So are the
+	// announcers' objects.
 	Pool, L2Policy *unstructured.Unstructured
+	Announcers     AnnouncerObjects
+	// EndpointSlices are applied for a host Service without selector (externalTrafficPolicy
+	// Local); none: guestnet's are deleted.
+	EndpointSlices []*discoveryv1ac.EndpointSliceApplyConfiguration
 	// HostService is applied; nil: the host Service is left as it is (its nodePorts are not
 	// known or usable). ReclassHostService, when set, is applied first: the loadBalancerClass
 	// of a LoadBalancer Service cannot change, so the Service passes through ClusterIP (and
@@ -192,9 +212,23 @@ func MakePlan(o *Observed) *Plan {
 		p.Ports, p.MissingPorts = nil, nil
 	}
 
+	if o.MissingAPI != "" {
+		p.Refusal = &Refusal{Reason: guestnetv1.HostObjectRejectedReason, Message: o.MissingAPI}
+		return p
+	}
+
 	// Host.
 	p.Host = true
-	p.Pool = Pool(gi)
+	a := o.Admission
+	if a.Announcer.UsesCiliumLBIPAM() {
+		p.Pool = Pool(gi)
+	}
+	announcers, err := BuildAnnouncers(gi, a)
+	if err != nil {
+		p.Host, p.Refusal = false, &Refusal{Reason: guestnetv1.InvalidSpecReason, Message: err.Error()}
+		return p
+	}
+	p.Announcers = announcers
 	policy, err := L2Policy(gi, o.Admission.Announcement)
 	if err != nil {
 		// ValidateSpec checked the selector; only a programming error gets here.
@@ -203,7 +237,10 @@ func MakePlan(o *Observed) *Plan {
 	}
 	p.L2Policy = policy
 	if p.PortsUsable {
-		p.HostService = HostService(gi, NodePortMap(p.Ports))
+		p.HostService = HostService(gi, NodePortMap(p.Ports), a)
+		if Local(gi) {
+			p.EndpointSlices = HostEndpointSlices(gi, NodePortMap(p.Ports), o.LocalEndpoints)
+		}
 		if live := o.HostService; live != nil && live.Spec.LoadBalancerClass != nil && *live.Spec.LoadBalancerClass != LoadBalancerClass(gi) {
 			p.ReclassHostService = ReclassHostService(p.HostService)
 		}
@@ -260,6 +297,33 @@ func ValidateSpec(gi *guestnetv1.GuestIngress, a Announcement) []string {
 	if a.NodeSelector != nil {
 		if _, err := metav1.LabelSelectorAsSelector(a.NodeSelector); err != nil {
 			problems = append(problems, fmt.Sprintf("spec.loadBalancer.l2.nodeSelector: %v", err))
+		}
+	}
+	return append(problems, familyProblems(gi)...)
+}
+
+// familyProblems: the host Service's families (IPFamilies) match its fixed IPs, and each has
+// a range of its family when LB-IPAM or MetalLB chooses the IP from cidrs.
+func familyProblems(gi *guestnetv1.GuestIngress) []string {
+	lb := gi.Spec.LoadBalancer
+	families := IPFamilies(gi)
+	var problems []string
+	if ips := RequestedAddrs(gi); len(ips) > 0 {
+		var got []corev1.IPFamily
+		for _, ip := range ips {
+			got = append(got, FamilyOf(ip))
+		}
+		if !slices.Equal(got, families) {
+			problems = append(problems, fmt.Sprintf("spec.loadBalancer.ipFamilies: %v, but the fixed IPs are %v: list the families of the IPs, in their order", families, got))
+		}
+		return problems
+	}
+	if len(lb.CIDRs) == 0 {
+		return nil
+	}
+	for _, f := range families {
+		if !slices.ContainsFunc(PoolPrefixes(gi), func(p netip.Prefix) bool { return FamilyOf(p.Addr()) == f }) {
+			problems = append(problems, fmt.Sprintf("spec.loadBalancer.ipFamilies: %s, but no range of spec.loadBalancer.cidrs is %s: add one", f, f))
 		}
 	}
 	return problems

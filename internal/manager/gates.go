@@ -15,16 +15,20 @@ type Gates struct {
 	Cilium *optional.Gate
 	// CAPK is Cluster API Provider KubeVirt, whose templates the worker ports controller watches.
 	CAPK *optional.Gate
+	// CiliumBGP and MetalLB are the announcers a policy may choose besides Cilium's L2.
+	CiliumBGP, MetalLB *optional.Gate
 }
 
 // SetupGates looks up the optional APIs with mgr's RESTMapper and adds the gates of those
 // that are missing to mgr, which looks for them every optional.DefaultInterval.
 func SetupGates(mgr ctrl.Manager) (Gates, error) {
 	g := Gates{
-		Cilium: optional.NewGate(optional.CiliumLBIPAM, mgr.GetRESTMapper(), 0),
-		CAPK:   optional.NewGate(optional.CAPK, mgr.GetRESTMapper(), 0),
+		Cilium:    optional.NewGate(optional.CiliumLBIPAM, mgr.GetRESTMapper(), 0),
+		CAPK:      optional.NewGate(optional.CAPK, mgr.GetRESTMapper(), 0),
+		CiliumBGP: optional.NewGate(optional.CiliumBGP, mgr.GetRESTMapper(), 0),
+		MetalLB:   optional.NewGate(optional.MetalLB, mgr.GetRESTMapper(), 0),
 	}
-	for _, gate := range []*optional.Gate{g.Cilium, g.CAPK} {
+	for _, gate := range []*optional.Gate{g.Cilium, g.CAPK, g.CiliumBGP, g.MetalLB} {
 		if err := mgr.Add(gate); err != nil {
 			return Gates{}, fmt.Errorf("adding the gate of %s: %w", gate.API().Name, err)
 		}

@@ -26,4 +26,19 @@ var (
 		Kinds:   []schema.GroupVersionKind{ports.KubevirtMachineTemplateGVK},
 		Install: "install Cluster API Provider KubeVirt (clusterctl init --infrastructure kubevirt)",
 	}
+	// CiliumBGP is the BGP control plane's v2 API, which a GuestIngress of Cilium's BGP class
+	// needs for its CiliumBGPAdvertisement. Without it such a GuestIngress reports
+	// HostObjectRejected with this gate's message; the others work.
+	CiliumBGP = API{
+		Name:    "Cilium BGP control plane",
+		Kinds:   []schema.GroupVersionKind{ingress.BGPAdvertisementGVK},
+		Install: "enable Cilium's BGP control plane in the host cluster (Cilium 1.18 or later serves ciliumbgpadvertisements.cilium.io as v2)",
+	}
+	// MetalLB is MetalLB's API, which a GuestIngress of MetalLB's class needs for its
+	// IPAddressPool and advertisements.
+	MetalLB = API{
+		Name:    "MetalLB",
+		Kinds:   []schema.GroupVersionKind{ingress.MetalLBPoolGVK, ingress.MetalLBL2AdvertisementGVK, ingress.MetalLBBGPAdvertisementGVK},
+		Install: "install MetalLB (v0.13 or later serves ipaddresspools, l2advertisements and bgpadvertisements.metallb.io as v1beta1)",
+	}
 )

@@ -219,7 +219,9 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 	if svc.Spec.HealthCheckNodePort != 0 || len(svc.Spec.ExternalIPs) > 0 || svc.Spec.LoadBalancerIP != "" {
 		t.Fatalf("host Service asks for a health-check nodePort, external IPs or spec.loadBalancerIP: %+v", svc.Spec)
 	}
-	if want := virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName); !equalMaps(svc.Spec.Selector, want) {
+	if want := virtlauncher.WorkerSelector(gi.Namespace, gi.Spec.ClusterName); ingress.Local(gi) && len(svc.Spec.Selector) > 0 {
+		t.Fatalf("host Service of externalTrafficPolicy Local selects %v: guestnet writes its endpoints", svc.Spec.Selector)
+	} else if !ingress.Local(gi) && !equalMaps(svc.Spec.Selector, want) {
 		t.Fatalf("host Service selects %v, not the Cluster's workers %v", svc.Spec.Selector, want)
 	}
 	own := ownership.Labels(gi)
@@ -353,7 +355,7 @@ func (fuzzInput) input(gi *guestnetv1.GuestIngress, ns *corev1.Namespace, p gues
 }
 
 func hostService(t *testing.T, gi *guestnetv1.GuestIngress) *corev1.Service {
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ingress.HostService(gi, map[string]int32{"http": 30080}))
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ingress.HostService(gi, map[string]int32{"http": 30080}, ingress.Admission{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,8 @@ type Held struct {
 	HostService *corev1.Service
 	Pool        *unstructured.Unstructured
 	L2Policy    *unstructured.Unstructured
+	// Announcers are the BGP and MetalLB objects (held_announcers.go).
+	Announcers ingress.AnnouncerObjects
 }
 
 // Cut is what to do with one held object: nothing when Outside is empty; else delete it
@@ -59,11 +61,14 @@ type Excess struct {
 	HostService Cut[*corev1.Service]
 	Pool        Cut[*unstructured.Unstructured]
 	L2Policy    Cut[*unstructured.Unstructured]
+	// Announcers are the cuts of Held.Announcers, in the order of AnnouncerObjects.Pairs.
+	Announcers []Cut[*unstructured.Unstructured]
 }
 
 // None reports whether everything held is admitted.
 func (e Excess) None() bool {
-	return e.HostService.Within() && e.Pool.Within() && e.L2Policy.Within()
+	return e.HostService.Within() && e.Pool.Within() && e.L2Policy.Within() &&
+		!slices.ContainsFunc(e.Announcers, func(c Cut[*unstructured.Unstructured]) bool { return !c.Within() })
 }
 
 // HeldBeyondAdmitted compares what in.GuestIngress's host objects hold (held) with what the
@@ -96,14 +101,21 @@ func HeldBeyondAdmitted(in Input, d Decision, held Held) Excess {
 		if d.Admitted {
 			why = fmt.Sprintf("everything: GuestIngressPolicy %s, said to admit it, is not there", d.Policy)
 		}
-		return Excess{
+		e := Excess{
 			HostService: deleteIf[*corev1.Service](held.HostService != nil, why),
 			Pool:        deleteIf[*unstructured.Unstructured](held.Pool != nil, why),
 			L2Policy:    deleteIf[*unstructured.Unstructured](held.L2Policy != nil, why),
 		}
+		for _, pair := range held.Announcers.Pairs(ingress.AnnouncerObjects{}) {
+			e.Announcers = append(e.Announcers, deleteIf[*unstructured.Unstructured](pair[0] != nil, why))
+		}
+		return e
 	}
 	b := newBounds(in, p)
 	var e Excess
+	for _, pair := range held.Announcers.Pairs(ingress.AnnouncerObjects{}) {
+		e.Announcers = append(e.Announcers, b.announcerCut(pair[0]))
+	}
 	if held.Pool != nil {
 		e.Pool = b.pool(held.Pool)
 	}

@@ -75,7 +75,7 @@ func build(g Gomega, gi *guestnetv1.GuestIngress, p guestnetv1.GuestIngressPolic
 	g.Expect(d.Admitted).To(BeTrue(), d.Message)
 	l2, err := ingress.L2Policy(gi, d.Announcement)
 	g.Expect(err).NotTo(HaveOccurred())
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ingress.HostService(gi, map[string]int32{"http": 30080}))
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ingress.HostService(gi, map[string]int32{"http": 30080}, ingress.Admission{}))
 	g.Expect(err).NotTo(HaveOccurred())
 	svc := &corev1.Service{}
 	g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(raw, svc)).To(Succeed())
@@ -204,6 +204,7 @@ func TestHeldBeyondAdmitted(t *testing.T) {
 			spec: func(g *guestnetv1.GuestIngress) { g.Spec.LoadBalancer.Class = "io.cilium/bgp-control-plane" },
 			policy: func(p *guestnetv1.GuestIngressPolicy) {
 				p.Spec.LoadBalancerClasses, p.Spec.L2Announcement = []string{"io.cilium/bgp-control-plane"}, nil
+				p.Spec.BGPAdvertisement = &guestnetv1.BGPAdvertisementPolicy{AdvertisementLabels: map[string]string{"advertise": "tenants"}}
 			},
 			wantL2:      &wantCut{delete: true, outside: []string{"GuestIngressPolicy tenants allows no announcement with io.cilium/l2-announcer"}},
 			wantService: &wantCut{delete: true, outside: []string{`loadBalancerClass "io.cilium/l2-announcer" (GuestIngressPolicy tenants allows io.cilium/bgp-control-plane)`}}},
@@ -212,11 +213,21 @@ func TestHeldBeyondAdmitted(t *testing.T) {
 		{name: "externalTrafficPolicy Local, no longer allowed, becomes Cluster",
 			built: func(g *guestnetv1.GuestIngress) {
 				g.Spec.LoadBalancer.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				g.Spec.LoadBalancer.Class = "io.cilium/bgp-control-plane"
 			},
 			builtPolicy: func(p *guestnetv1.GuestIngressPolicy) {
 				p.Spec.HostService.ExternalTrafficPolicies = []corev1.ServiceExternalTrafficPolicy{corev1.ServiceExternalTrafficPolicyLocal}
+				p.Spec.LoadBalancerClasses = []string{"io.cilium/bgp-control-plane"}
+				p.Spec.BGPAdvertisement = &guestnetv1.BGPAdvertisementPolicy{AdvertisementLabels: map[string]string{"advertise": "tenants"}}
 			},
-			spec: func(g *guestnetv1.GuestIngress) { g.Spec.LoadBalancer.ExternalTrafficPolicy = "" },
+			policy: func(p *guestnetv1.GuestIngressPolicy) {
+				p.Spec.LoadBalancerClasses = []string{"io.cilium/bgp-control-plane"}
+				p.Spec.BGPAdvertisement = &guestnetv1.BGPAdvertisementPolicy{AdvertisementLabels: map[string]string{"advertise": "tenants"}}
+			},
+			spec: func(g *guestnetv1.GuestIngress) {
+				g.Spec.LoadBalancer.ExternalTrafficPolicy = ""
+				g.Spec.LoadBalancer.Class = "io.cilium/bgp-control-plane"
+			},
 			held: func(h *Held) { h.HostService.Spec.HealthCheckNodePort = 31999 },
 			wantService: &wantCut{outside: []string{"externalTrafficPolicy Local"}, checkService: func(g Gomega, s *corev1.Service) {
 				g.Expect(s.Spec.ExternalTrafficPolicy).To(Equal(corev1.ServiceExternalTrafficPolicyCluster))
@@ -281,6 +292,7 @@ func TestHeldBeyondAdmitted(t *testing.T) {
 		{name: "a class the policy no longer allows cannot be changed in place: the host Service goes",
 			policy: func(p *guestnetv1.GuestIngressPolicy) {
 				p.Spec.LoadBalancerClasses = []string{"io.cilium/bgp-control-plane"}
+				p.Spec.BGPAdvertisement = &guestnetv1.BGPAdvertisementPolicy{AdvertisementLabels: map[string]string{"advertise": "tenants"}}
 			},
 			spec:        func(g *guestnetv1.GuestIngress) { g.Spec.LoadBalancer.Class = "io.cilium/bgp-control-plane" },
 			wantService: &wantCut{delete: true, outside: []string{`loadBalancerClass "io.cilium/l2-announcer"`}},

@@ -25,10 +25,9 @@ func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngress
 	lb := gi.Spec.LoadBalancer
 	var what []string
 	var hit []hostaddrs.Entry
-	if lb.IP != "" {
-		ip, _ := netip.ParseAddr(lb.IP)
+	for _, ip := range ingress.RequestedAddrs(gi) {
 		if e := reserved.Has(ip); len(e) > 0 {
-			what, hit = append(what, fmt.Sprintf("IP %s is %s", lb.IP, hostaddrs.Kinds(e))), append(hit, e...)
+			what, hit = append(what, fmt.Sprintf("IP %s is %s", ip, hostaddrs.Kinds(e))), append(hit, e...)
 		}
 	}
 	for _, c := range lb.CIDRs {
@@ -37,7 +36,7 @@ func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngress
 			what, hit = append(what, fmt.Sprintf("range %s holds host addresses (%s)", c, hostaddrs.Kinds(e))), append(hit, e...)
 		}
 	}
-	if lb.PoolRef != nil && lb.IP == "" {
+	if lb.PoolRef != nil && len(ingress.RequestedIPs(gi)) == 0 {
 		if pool := pools[lb.PoolRef.Name]; pool != nil {
 			var e []hostaddrs.Entry
 			for _, r := range ingress.PoolRanges(pool) {

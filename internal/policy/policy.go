@@ -130,6 +130,7 @@ func admit(in Input, w words) Decision {
 		}
 		return Decision{
 			Admitted: true, Policy: p.Name, Reason: guestnetv1.AdmittedReason, Announcement: a,
+			Announcer: announcerOf(p, gi), BGP: bgpAnnouncement(p, gi), MetalLB: metalLBAnnouncement(p, gi),
 			Message: fmt.Sprintf("GuestIngressPolicy %s admits %s", p.Name, describe(gi)),
 		}
 	}
@@ -277,14 +278,14 @@ func olderThan(a, b *guestnetv1.GuestIngress) bool {
 func describe(gi *guestnetv1.GuestIngress) string {
 	lb := gi.Spec.LoadBalancer
 	switch {
-	case lb.PoolRef != nil && lb.IP != "":
-		return lb.IP + " from pool " + lb.PoolRef.Name
+	case lb.PoolRef != nil && len(ingress.RequestedIPs(gi)) > 0:
+		return strings.Join(ingress.RequestedIPs(gi), ", ") + " from pool " + lb.PoolRef.Name
 	case lb.PoolRef != nil:
 		return "an IP from pool " + lb.PoolRef.Name
 	case len(lb.CIDRs) > 0:
 		return strings.Join(lb.CIDRs, ", ")
 	default:
-		return lb.IP
+		return strings.Join(ingress.RequestedIPs(gi), ", ")
 	}
 }
 

@@ -235,8 +235,18 @@ func TestAdmit(t *testing.T) {
 			}), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p", func(p *guestnetv1.GuestIngressPolicy) {
 				p.Spec.LoadBalancerClasses = []string{"io.cilium/bgp-control-plane"}
 				p.Spec.L2Announcement = nil
+				p.Spec.BGPAdvertisement = &guestnetv1.BGPAdvertisementPolicy{AdvertisementLabels: map[string]string{"advertise": "tenants"}}
 			})}},
 			wantPolicy: "p", wantAnn: &ingress.Announcement{},
+		},
+		{
+			name: "Cilium's BGP class without bgpAdvertisement in the policy",
+			in: Input{GuestIngress: gi(func(g *guestnetv1.GuestIngress) {
+				g.Spec.LoadBalancer.Class = "io.cilium/bgp-control-plane"
+			}), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p", func(p *guestnetv1.GuestIngressPolicy) {
+				p.Spec.LoadBalancerClasses = []string{"io.cilium/bgp-control-plane"}
+			})}},
+			wantReason: guestnetv1.NotAllowedReason, wantMsg: []string{"announcing with io.cilium/bgp-control-plane (it has no bgpAdvertisement"},
 		},
 		{
 			name: "the L2 announcer without l2Announcement in the policy",
@@ -362,13 +372,25 @@ func TestAdmit(t *testing.T) {
 			wantReason: guestnetv1.NotAllowedReason, wantMsg: []string{"externalTrafficPolicy Local (it allows Cluster; Local opens a health-check nodePort"},
 		},
 		{
-			name: "externalTrafficPolicy Local allowed",
+			name: "externalTrafficPolicy Local allowed, announced with BGP",
+			in: Input{GuestIngress: gi(func(g *guestnetv1.GuestIngress) {
+				g.Spec.LoadBalancer.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				g.Spec.LoadBalancer.Class = "io.cilium/bgp-control-plane"
+			}), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p", func(p *guestnetv1.GuestIngressPolicy) {
+				p.Spec.HostService.ExternalTrafficPolicies = []corev1.ServiceExternalTrafficPolicy{"Cluster", "Local"}
+				p.Spec.LoadBalancerClasses = []string{"io.cilium/bgp-control-plane"}
+				p.Spec.BGPAdvertisement = &guestnetv1.BGPAdvertisementPolicy{AdvertisementLabels: map[string]string{"advertise": "tenants"}}
+			})}},
+			wantPolicy: "p", wantAnn: &ingress.Announcement{},
+		},
+		{
+			name: "externalTrafficPolicy Local with Cilium's L2 announcer is refused, whatever the policy allows",
 			in: Input{GuestIngress: gi(func(g *guestnetv1.GuestIngress) {
 				g.Spec.LoadBalancer.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 			}), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p", func(p *guestnetv1.GuestIngressPolicy) {
 				p.Spec.HostService.ExternalTrafficPolicies = []corev1.ServiceExternalTrafficPolicy{"Cluster", "Local"}
 			})}},
-			wantPolicy: "p",
+			wantReason: guestnetv1.NotAllowedReason, wantMsg: []string{"externalTrafficPolicy Local with Cilium's L2 announcer", "use a BGP or MetalLB class"},
 		},
 		{
 			name: "no traffic policies listed means Cluster only",

@@ -32,6 +32,7 @@ func violations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, p
 	if ingress.AnnouncesL2(gi) {
 		out = append(out, l2Violations(p, gi)...)
 	}
+	out = append(out, announcerViolations(p, gi)...)
 
 	if lb.PoolRef == nil {
 		out = append(out, addressViolations(p, gi)...)
@@ -52,6 +53,9 @@ func violations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, p
 			etp, strings.Join(names, ", ")))
 	}
 
+	if !announcerOf(p, gi).UsesCiliumLBIPAM() {
+		return out // LB-IPAM leaves a Service of MetalLB's class alone: Cilium's pools do not matter
+	}
 	return append(out, poolSelectionViolations(gi, pools)...)
 }
 
@@ -111,13 +115,13 @@ func addressViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIng
 		what = strings.Join(p.Spec.Addresses, ", ")
 	}
 	var out []string
-	if lb.IP != "" {
-		ip, err := netip.ParseAddr(lb.IP)
+	for _, s := range ingress.RequestedIPs(gi) {
+		ip, err := netip.ParseAddr(s)
 		switch {
 		case err == nil && ip.Is4In6():
-			out = append(out, fmt.Sprintf("IP %s (an IPv4-mapped IPv6 address: write the IPv4 address)", lb.IP))
+			out = append(out, fmt.Sprintf("IP %s (an IPv4-mapped IPv6 address: write the IPv4 address)", s))
 		case err != nil || !slices.ContainsFunc(allowed, func(a netip.Prefix) bool { return a.Contains(ip) }):
-			out = append(out, fmt.Sprintf("IP %s (its addresses: %s)", lb.IP, what))
+			out = append(out, fmt.Sprintf("IP %s (its addresses: %s)", s, what))
 		}
 	}
 	for _, c := range lb.CIDRs {
@@ -129,8 +133,8 @@ func addressViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIng
 			out = append(out, fmt.Sprintf("range %s (its addresses: %s)", c, what))
 		}
 	}
-	if lb.IP == "" && len(lb.CIDRs) == 0 {
-		out = append(out, "a GuestIngress without ip, cidrs or poolRef")
+	if len(ingress.RequestedIPs(gi)) == 0 && len(lb.CIDRs) == 0 {
+		out = append(out, "a GuestIngress without ip, ips, cidrs or poolRef")
 	}
 	return out
 }
@@ -175,10 +179,10 @@ func sharedPoolViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.Guest
 	if why := UnsafeSharedPool(pool); why != "" {
 		return []string{fmt.Sprintf("shared pool %s, %s", name, why)}
 	}
-	if lb.IP != "" {
-		ip, err := netip.ParseAddr(lb.IP)
+	for _, s := range ingress.RequestedIPs(gi) {
+		ip, err := netip.ParseAddr(s)
 		if err != nil || !ingress.RangesContain(ingress.PoolRanges(pool), ip) {
-			return []string{fmt.Sprintf("IP %s, outside the blocks of shared pool %s", lb.IP, name)}
+			return []string{fmt.Sprintf("IP %s, outside the blocks of shared pool %s", s, name)}
 		}
 	}
 	return nil
@@ -258,7 +262,7 @@ func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unst
 // serviceSelector...)"), in name order; none when gi has a fixed IP.
 func poolsHandingOut(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
 	lb := gi.Spec.LoadBalancer
-	if lb.IP != "" {
+	if len(ingress.RequestedIPs(gi)) > 0 {
 		return nil
 	}
 	svcLabels := ingress.HostServiceLabels(gi)
