@@ -54,6 +54,13 @@ const (
 	// HostObjectRejectedReason: the host apiserver refused a host object guestnet built from
 	// the spec; the message quotes it.
 	HostObjectRejectedReason = "HostObjectRejected"
+	// GuestServiceTrafficPolicyReason: spec.loadBalancer.externalTrafficPolicy is Local (client
+	// source IPs) but the guest Service is not, so the guest's kube-proxy replaces the client's
+	// address; the message says what to set in the guest.
+	GuestServiceTrafficPolicyReason = "GuestServiceTrafficPolicy"
+	// GuestServiceFamiliesReason: the host Service serves an IP family (IPv6) that the guest
+	// Service does not, so its nodePorts do not answer that family in the VMs.
+	GuestServiceFamiliesReason = "GuestServiceFamilies"
 	// GuestServiceClaimedReason: another GuestIngress of the same Cluster exposes the guest
 	// Service of spec.guestService (one GuestIngress per guest Service: the oldest), or has
 	// not given it back yet; guestnet changes nothing for this one, in the guest or on the

@@ -177,6 +177,9 @@ func (r *Reconciler) sweepGone(ctx context.Context, key types.NamespacedName) er
 	if w.pools, w.l2Policies, w.services, err = r.listMarked(ctx, key.Namespace); err != nil {
 		return err
 	}
+	if w.announcers, err = r.listAnnouncers(ctx); err != nil {
+		return err
+	}
 	candidates = r.madeFor(w, key)
 	_, err = r.sweep(ctx, key, candidates, nil)
 	return err
@@ -214,7 +217,7 @@ func (r *Reconciler) listMarked(ctx context.Context, namespace string) (pools, l
 // in the cache; sweep finds those that a pool or L2 policy of the key names.)
 func (r *Reconciler) madeFor(w *hostWorld, key types.NamespacedName) []client.Object {
 	var out []client.Object
-	for _, list := range [][]unstructured.Unstructured{w.pools, w.l2Policies} {
+	for _, list := range [][]unstructured.Unstructured{w.pools, w.l2Policies, w.announcers} {
 		for i := range list {
 			o := &list[i]
 			if k, ok := ownership.GuestIngressOf(o); ok && k == key && ownership.MadeByInstance(o, r.WatchFilterValue) {

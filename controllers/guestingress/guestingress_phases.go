@@ -161,7 +161,9 @@ type hostWorld struct {
 	pools          []unstructured.Unstructured
 	poolsByName    map[string]*unstructured.Unstructured
 	l2Policies     []unstructured.Unstructured
-	policies       []guestnetv1.GuestIngressPolicy
+	// announcers are guestnet's BGP and MetalLB objects (listAnnouncers).
+	announcers []unstructured.Unstructured
+	policies   []guestnetv1.GuestIngressPolicy
 	// services are the host Services guestnet created (labelled so: the cache holds no
 	// other); hostServices the same, by their GuestIngress.
 	services     []corev1.Service
@@ -196,6 +198,9 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 		return nil, fmt.Errorf("listing CiliumL2AnnouncementPolicies: %w", err)
 	}
 	w.l2Policies = l2Policies.Items
+	if w.announcers, err = r.listAnnouncers(ctx); err != nil {
+		return nil, err
+	}
 	policies := &guestnetv1.GuestIngressPolicyList{}
 	if err := r.Client.List(ctx, policies); err != nil {
 		return nil, fmt.Errorf("listing GuestIngressPolicies: %w", err)

@@ -180,3 +180,19 @@ func TestLocalEndpointsFollowTheIngressPods(t *testing.T) {
 	g.Expect(slices[1].Endpoints[0].Addresses).To(Equal([]string{"fd00::1:5"}))
 	g.Expect(*slices[0].Ports[0].Port).To(Equal(int32(30080)))
 }
+
+func TestGuestServiceMustCarryClientAddressesAndFamilies(t *testing.T) {
+	g := NewWithT(t)
+	local := newGI(func(gi *guestnetv1.GuestIngress) {
+		gi.Spec.LoadBalancer.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		gi.Spec.LoadBalancer.IP, gi.Spec.LoadBalancer.IPs = "", []string{"10.2.6.220", "2001:db8:6::220"}
+	})
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "projectcontour", Name: "envoy"},
+		Spec: corev1.ServiceSpec{ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster, IPFamilies: []corev1.IPFamily{"IPv4"}}}
+	g.Expect(GuestServiceKeepsNoClientAddress(local, svc)).To(ContainSubstring("Set externalTrafficPolicy: Local on it"))
+	g.Expect(GuestServiceKeepsNoClientAddress(newGI(), svc)).To(BeEmpty(), "Cluster on the host: nothing to keep")
+	g.Expect(GuestServiceMissesFamilies(local, svc)).To(ContainSubstring("served over IPv6, but Service projectcontour/envoy in the guest has ipFamilies [IPv4]"))
+	svc.Spec.ExternalTrafficPolicy, svc.Spec.IPFamilies = corev1.ServiceExternalTrafficPolicyLocal, []corev1.IPFamily{"IPv4", "IPv6"}
+	g.Expect(GuestServiceKeepsNoClientAddress(local, svc)).To(BeEmpty())
+	g.Expect(GuestServiceMissesFamilies(local, svc)).To(BeEmpty())
+}

@@ -1,7 +1,10 @@
 package ingress
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -155,9 +158,56 @@ func setGuestServiceStatus(gi *guestnetv1.GuestIngress, p *Plan, r *Result) {
 		SetGuestServiceRejected(gi, r.GuestRefused)
 	case len(p.MissingPorts) > 0:
 		SetGuestServicePortNotFound(gi, r.GuestService, p.MissingPorts)
+	case GuestServiceKeepsNoClientAddress(gi, r.GuestService) != "":
+		set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceTrafficPolicyReason,
+			GuestServiceKeepsNoClientAddress(gi, r.GuestService))
+	case GuestServiceMissesFamilies(gi, r.GuestService) != "":
+		set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceFamiliesReason,
+			GuestServiceMissesFamilies(gi, r.GuestService))
 	default:
 		SetGuestServiceReady(gi, p.Ports)
 	}
+}
+
+// GuestServiceKeepsNoClientAddress says, for a GuestIngress of externalTrafficPolicy Local,
+// why the client's address does not reach the ingress controller ("" when it does): the
+// guest's kube-proxy masquerades nodePort traffic of a Service of externalTrafficPolicy
+// Cluster, and may forward it to another node. guestnet does not change the guest Service's
+// traffic policy (the ingress controller's chart owns it): the message says what to set.
+func GuestServiceKeepsNoClientAddress(gi *guestnetv1.GuestIngress, svc *corev1.Service) string {
+	if !Local(gi) || svc == nil || svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		return ""
+	}
+	return fmt.Sprintf("spec.loadBalancer.externalTrafficPolicy is Local, but Service %s in the guest has externalTrafficPolicy %s: the guest's "+
+		"kube-proxy replaces the client's address with its node's. Set externalTrafficPolicy: Local on it (for ingress-nginx and Contour "+
+		"charts, the controller Service's externalTrafficPolicy value); guestnet forwards only to the workers that run its pods",
+		guestServiceRef(gi), cmp.Or(svc.Spec.ExternalTrafficPolicy, corev1.ServiceExternalTrafficPolicyCluster))
+}
+
+// GuestServiceMissesFamilies says which IP families of the host Service the guest Service
+// does not serve ("" when it serves them all): kube-proxy serves a Service's nodePorts only
+// on the node addresses of the Service's own families, so IPv6 traffic to a guest Service of
+// IPv4 alone is refused in the VM.
+func GuestServiceMissesFamilies(gi *guestnetv1.GuestIngress, svc *corev1.Service) string {
+	if svc == nil {
+		return ""
+	}
+	have := svc.Spec.IPFamilies
+	if len(have) == 0 {
+		have = []corev1.IPFamily{corev1.IPv4Protocol} // a guest that reports none is single-stack IPv4
+	}
+	var missing []string
+	for _, f := range IPFamilies(gi) {
+		if !slices.Contains(have, f) {
+			missing = append(missing, string(f))
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the load-balancer IP is served over %s, but Service %s in the guest has ipFamilies %v: its nodePorts do not answer %s "+
+		"in the VMs. Make it dual-stack (ipFamilyPolicy: PreferDualStack, in a dual-stack guest cluster), or drop the family from spec.loadBalancer",
+		strings.Join(missing, " and "), guestServiceRef(gi), have, strings.Join(missing, " and "))
 }
 
 func setLoadBalancerStatus(gi *guestnetv1.GuestIngress, o *Observed, p *Plan, r *Result) {
