@@ -237,3 +237,39 @@ func (r *Reconciler) listAnnouncers(ctx context.Context) ([]unstructured.Unstruc
 	}
 	return out, nil
 }
+
+// metalLBPools are every MetalLB IPAddressPool the cache holds of guestnet's marked ones and
+// the platform's: admission refuses a claim that overlaps one not made for it (MetalLB
+// refuses its whole configuration when two pools overlap).
+func (w *hostWorld) metalLBPools() []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for i := range w.foreignMetalLBPools {
+		out = append(out, &w.foreignMetalLBPools[i])
+	}
+	for i := range w.announcers {
+		if w.announcers[i].GroupVersionKind().GroupKind() == ingress.MetalLBPoolGVK.GroupKind() {
+			out = append(out, &w.announcers[i])
+		}
+	}
+	return out
+}
+
+// listMetalLBPools lists every MetalLB IPAddressPool (the cache's own objects) when MetalLB
+// is installed.
+func (r *Reconciler) listMetalLBPools(ctx context.Context) ([]unstructured.Unstructured, error) {
+	if r.MetalLB == nil || !r.MetalLB.Installed() {
+		return nil, nil
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(ingress.MetalLBPoolGVK.GroupVersion().WithKind(ingress.MetalLBPoolGVK.Kind + "List"))
+	if err := r.Client.List(ctx, list, readOnly); err != nil && !optional.IsMissing(err) {
+		return nil, fmt.Errorf("listing MetalLB IPAddressPools: %w", err)
+	}
+	var out []unstructured.Unstructured
+	for _, p := range list.Items {
+		if p.GetLabels()[ownership.ManagedByLabel] != ownership.ManagedByValue {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}

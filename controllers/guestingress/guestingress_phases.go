@@ -161,8 +161,10 @@ type hostWorld struct {
 	pools          []unstructured.Unstructured
 	poolsByName    map[string]*unstructured.Unstructured
 	l2Policies     []unstructured.Unstructured
-	// announcers are guestnet's BGP and MetalLB objects (listAnnouncers).
-	announcers []unstructured.Unstructured
+	// announcers are guestnet's BGP and MetalLB objects (listAnnouncers); foreignMetalLBPools
+	// the MetalLB pools guestnet did not make.
+	announcers          []unstructured.Unstructured
+	foreignMetalLBPools []unstructured.Unstructured
 	policies   []guestnetv1.GuestIngressPolicy
 	// services are the host Services guestnet created (labelled so: the cache holds no
 	// other); hostServices the same, by their GuestIngress.
@@ -199,6 +201,9 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	}
 	w.l2Policies = l2Policies.Items
 	if w.announcers, err = r.listAnnouncers(ctx); err != nil {
+		return nil, err
+	}
+	if w.foreignMetalLBPools, err = r.listMetalLBPools(ctx); err != nil {
 		return nil, err
 	}
 	policies := &guestnetv1.GuestIngressPolicyList{}
@@ -256,7 +261,8 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 			siblings = append(siblings, other)
 		}
 	}
-	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName, Host: w.host}
+	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName, Host: w.host,
+		MetalLBPools: w.metalLBPools()}
 	return in, r.Admit(in), nil
 }
 

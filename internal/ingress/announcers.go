@@ -447,3 +447,26 @@ func BuildAnnouncers(gi *guestnetv1.GuestIngress, a Admission) (AnnouncerObjects
 	}
 	return out, nil
 }
+
+// MetalLBPoolRanges reads the addresses of a MetalLB IPAddressPool (CIDRs, or "<from>-<to>"
+// ranges) as address ranges; entries that do not parse are skipped (MetalLB refuses them).
+func MetalLBPoolRanges(pool *unstructured.Unstructured) []AddrRange {
+	addresses, _, _ := unstructured.NestedStringSlice(pool.Object, "spec", "addresses")
+	var out []AddrRange
+	for _, a := range addresses {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(a)); err == nil {
+			out = append(out, PrefixRange(p))
+			continue
+		}
+		from, to, ok := strings.Cut(a, "-")
+		if !ok {
+			continue
+		}
+		f, err1 := netip.ParseAddr(strings.TrimSpace(from))
+		t, err2 := netip.ParseAddr(strings.TrimSpace(to))
+		if err1 == nil && err2 == nil && f.BitLen() == t.BitLen() && !t.Less(f) {
+			out = append(out, AddrRange{From: f, To: t})
+		}
+	}
+	return out
+}

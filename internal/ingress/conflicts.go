@@ -31,10 +31,15 @@ type Claim struct {
 // guestnet creates for it (none with poolRef: a poolRef IP is a claim like any other).
 func ClaimOf(gi *guestnetv1.GuestIngress) Claim {
 	c := Claim{Prefixes: PoolPrefixes(gi)}
-	if ip, err := netip.ParseAddr(gi.Spec.LoadBalancer.IP); err == nil {
-		c.IP = ip
+	if ips := RequestedAddrs(gi); len(ips) > 0 {
+		c.IP = ips[0] // a second (dual-stack) IP is claimed through the pool's prefixes
 	}
 	return c
+}
+
+// OverlapsRange reports whether the claim takes an address of r.
+func (c Claim) OverlapsRange(r AddrRange) bool {
+	return (c.IP.IsValid() && r.Contains(c.IP)) || slices.ContainsFunc(c.Prefixes, r.Overlaps)
 }
 
 // Empty reports whether the claim takes nothing.
@@ -237,7 +242,7 @@ func conflictWith(c, holder Claimant, reason string, release bool) *Conflict {
 		who := fmt.Sprintf("%s (cluster %s, %s)", conflict.Who, h.Spec.ClusterName, since)
 		if reason == guestnetv1.IPConflictReason {
 			conflict.Message = fmt.Sprintf("IP %s is already claimed by %s, which asks for %s and keeps it; %s. Choose another spec.loadBalancer.ip, or delete GuestIngress %s",
-				gi.Spec.LoadBalancer.IP, who, holder.Wants(), outcome, h.Name)
+				c.Wants().IP, who, holder.Wants(), outcome, h.Name)
 		} else {
 			conflict.Message = fmt.Sprintf("The pool ranges %s overlap %s of %s (pool %s), which keeps them; Cilium would stop allocating from both pools, so %s. "+
 				"Choose ranges that do not overlap", c.Wants(), holder.Wants(), who, hostnames.Pool(h), outcome)
@@ -248,7 +253,7 @@ func conflictWith(c, holder Claimant, reason string, release bool) *Conflict {
 	if reason == guestnetv1.IPConflictReason {
 		conflict.Message = fmt.Sprintf("IP %s is already claimed by another namespace's GuestIngress (%s), which keeps it; %s. "+
 			"Choose another spec.loadBalancer.ip, one your GuestIngressPolicy admits that no one else holds, or ask the host admin",
-			gi.Spec.LoadBalancer.IP, since, outcome)
+			c.Wants().IP, since, outcome)
 	} else {
 		kept := holder.Wants()
 		kept.Prefixes = append(kept.Prefixes, holder.Held.Prefixes...)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
@@ -182,4 +183,27 @@ func metalLBAnnouncement(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestI
 		m.Communities = *own.Communities.DeepCopy()
 	}
 	return m
+}
+
+// metalLBPoolViolations: gi asks for no address of a MetalLB IPAddressPool not made for it.
+// MetalLB v0.16.1 refuses its whole configuration when two pools overlap
+// (internal/config/config.go, "overlaps with already defined CIDR") and keeps the last good
+// one (config_controller.go: configStale): a tenant's pool overlapping the platform's would
+// freeze every MetalLB change on the host, and with Cilium two announcers would answer for one
+// address. The tenant learns the pool is the platform's, not its name.
+func metalLBPoolViolations(gi *guestnetv1.GuestIngress, pools []*unstructured.Unstructured) []string {
+	claim := ingress.ClaimOf(gi)
+	var out []string
+	for _, pool := range pools {
+		if ownership.IsOwnedBy(pool, gi) {
+			continue
+		}
+		for _, r := range ingress.MetalLBPoolRanges(pool) {
+			if claim.OverlapsRange(r) {
+				out = append(out, fmt.Sprintf("%s (it overlaps a MetalLB IPAddressPool of the platform, and MetalLB refuses its whole configuration when pools overlap)", claim))
+				return out
+			}
+		}
+	}
+	return out
 }

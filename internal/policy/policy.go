@@ -45,6 +45,8 @@ type Input struct {
 	// Host are the host cluster's own addresses (internal/hostaddrs), which no GuestIngress
 	// gets whatever a policy admits; the ranges the policies reserve are added to them.
 	Host hostaddrs.Set
+	// MetalLBPools are every MetalLB IPAddressPool (none when MetalLB is not installed).
+	MetalLBPools []*unstructured.Unstructured
 }
 
 // reserved is what no GuestIngress of in may hold: the host's own addresses and every range
@@ -111,6 +113,9 @@ func admit(in Input, w words) Decision {
 				wouldAllow = p
 			}
 			continue
+		}
+		if len(v) == 0 {
+			v = metalLBPoolViolations(gi, in.MetalLBPools)
 		}
 		if len(v) > 0 {
 			refusals = append(refusals, refusal{policy: p, what: v})
