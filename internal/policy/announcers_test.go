@@ -216,14 +216,14 @@ func TestAdmitRefusesMetalLBPoolOverlap(t *testing.T) {
 	g := NewWithT(t)
 	platform := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"addresses": []any{"10.98.0.8-10.98.0.12", "10.99.0.0/24"}}}}
 	platform.SetGroupVersionKind(ingress.MetalLBPoolGVK)
-	platform.SetName("platform")
+	platform.SetName("infra-vips")
 	platform.SetNamespace("metallb-system")
 	tenantA := namespace("tenant-a", map[string]string{"tenant": "a"})
 	d := Admit(Input{GuestIngress: gi(), Namespace: tenantA, Policies: []guestnetv1.GuestIngressPolicy{pol("p")},
 		MetalLBPools: []*unstructured.Unstructured{platform}})
 	g.Expect(d.Admitted).To(BeFalse())
 	g.Expect(d.Message).To(ContainSubstring("10.98.0.10/32 (it overlaps a MetalLB IPAddressPool of the platform"))
-	g.Expect(d.Message).NotTo(ContainSubstring("platform,"), "the pool's name is the platform's")
+	g.Expect(d.Message).NotTo(ContainSubstring("infra-vips"), "the pool's name is the platform's")
 	d = Admit(Input{GuestIngress: gi(func(g *guestnetv1.GuestIngress) { g.Spec.LoadBalancer.IP = "10.98.0.13" }), Namespace: tenantA,
 		Policies: []guestnetv1.GuestIngressPolicy{pol("p")}, MetalLBPools: []*unstructured.Unstructured{platform}})
 	g.Expect(d.Admitted).To(BeTrue(), d.Message)
