@@ -159,12 +159,13 @@ type IngressPort struct {
 // LoadBalancerSpec says where the load-balancer IP comes from and how it is announced.
 // Give a fixed ip, or cidrs for a pool that guestnet creates (optionally with an ip inside
 // them), or poolRef to take the IP from an existing shared pool.
-// +kubebuilder:validation:XValidation:rule="has(self.ip) || has(self.cidrs) || has(self.poolRef)",message="loadBalancer needs ip, cidrs or poolRef"
+// +kubebuilder:validation:XValidation:rule="has(self.ip) || has(self.ips) || has(self.cidrs) || has(self.poolRef)",message="loadBalancer needs ip, ips, cidrs or poolRef"
 // +kubebuilder:validation:XValidation:rule="!(has(self.cidrs) && has(self.poolRef))",message="loadBalancer.cidrs and loadBalancer.poolRef are mutually exclusive: guestnet either creates a pool from cidrs or uses the referenced one"
 // The containment rule only runs on a well-formed ip and cidrs (the field rules report the
 // malformed ones): cidr()/containsIP() fail with a CEL runtime error ("no such overload") on
 // strings that do not parse.
 // +kubebuilder:validation:XValidation:rule="!has(self.ip) || !has(self.cidrs) || !isIP(self.ip) || !self.cidrs.all(c, isCIDR(c)) || self.cidrs.exists(c, cidr(c).containsIP(self.ip))",message="loadBalancer.ip must be inside one of loadBalancer.cidrs"
+// +kubebuilder:validation:XValidation:rule="!has(self.ips) || !has(self.cidrs) || !self.ips.all(i, isIP(i)) || !self.cidrs.all(c, isCIDR(c)) || self.ips.all(i, self.cidrs.exists(c, cidr(c).containsIP(i)))",message="each of loadBalancer.ips must be inside one of loadBalancer.cidrs"
 // +kubebuilder:validation:XValidation:rule="!(has(self.ip) && has(self.ips))",message="loadBalancer.ip and loadBalancer.ips are mutually exclusive: list both addresses of a dual-stack Service in ips"
 // +kubebuilder:validation:XValidation:rule="!(has(self.externalTrafficPolicy) && self.externalTrafficPolicy == 'Local' && (!has(self.class) || self.class == 'io.cilium/l2-announcer'))",message="externalTrafficPolicy Local does not work with Cilium's L2 announcer (io.cilium/l2-announcer): Cilium documents L2 announcements as incompatible with it, because the announcing node may have no local endpoint and drops the traffic. Use Cluster, or a class announced with BGP or MetalLB, which announce from nodes with local endpoints only"
 type LoadBalancerSpec struct {

@@ -82,6 +82,13 @@ func TestValidationGuestIngressPolicy(t *testing.T) {
 		{"unknown traffic policy rejected", `{hostService: {externalTrafficPolicies: [Nearest]}}`, `Unsupported value: "Nearest"`},
 		{"a cap of 0 accepted", `{maxGuestIngressesPerNamespace: 0}`, ""},
 		{"a negative cap rejected", `{maxGuestIngressesPerNamespace: -1}`, `spec.maxGuestIngressesPerNamespace in body should be greater than or equal to 0`},
+
+		// announcers
+		{"Cilium BGP accepted", `{loadBalancerClasses: [io.cilium/bgp-control-plane], bgpAdvertisement: {advertisementLabels: {advertise: tenants}, allowedAdvertisementLabels: ["upstream=transit"], communities: {standard: ["65000:100"], wellKnown: [no-export]}}}`, ""},
+		{"Cilium BGP without advertisement labels rejected", `{bgpAdvertisement: {advertisementLabels: {}}}`, `spec.bgpAdvertisement.advertisementLabels in body should have at least 1 properties`},
+		{"an allowed advertisement label that is no key=value rejected", `{bgpAdvertisement: {advertisementLabels: {a: b}, allowedAdvertisementLabels: [upstream]}}`, `spec.bgpAdvertisement.allowedAdvertisementLabels[0] in body should match`},
+		{"MetalLB with L2 and BGP accepted", `{loadBalancerClasses: [metallb.io/metallb], metalLB: {loadBalancerClass: metallb.io/metallb, l2Advertisement: {interfaces: [eth0], nodeSelectors: [{matchLabels: {lb: "true"}}]}, bgpAdvertisement: {peers: [tor-a], communities: {large: ["64512:1:100"]}}}}`, ""},
+		{"MetalLB without its class rejected", `{metalLB: {namespace: metallb-system}}`, `spec.metalLB.loadBalancerClass: Required value`},
 	}
 	// Every key and prefix that guestnet never passes (the Go lists its builders use) is
 	// rejected as an exact key and as a prefix, in both lists.

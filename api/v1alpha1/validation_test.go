@@ -123,7 +123,7 @@ func TestValidationGuestIngress(t *testing.T) {
 
 		// loadBalancer: where the IP comes from
 		{"missing loadBalancer rejected", `{loadBalancer: null}`, `spec.loadBalancer: Required value`},
-		{"loadBalancer with none of ip/cidrs/poolRef rejected", `{loadBalancer: {ip: null, class: io.cilium/l2-announcer}}`, `loadBalancer needs ip, cidrs or poolRef`},
+		{"loadBalancer with none of ip/cidrs/poolRef rejected", `{loadBalancer: {ip: null, class: io.cilium/l2-announcer}}`, `loadBalancer needs ip, ips, cidrs or poolRef`},
 		{"invalid IPv4 octet rejected", `{loadBalancer: {ip: 10.2.6.300}}`, `ip must be an IPv4 or IPv6 address`},
 		{"ip that is no address rejected", `{loadBalancer: {ip: not-an-ip}}`, `ip must be an IPv4 or IPv6 address`},
 		{"ip with a prefix length rejected", `{loadBalancer: {ip: 10.2.6.220/32}}`, `ip must be an IPv4 or IPv6 address`},
@@ -148,7 +148,28 @@ func TestValidationGuestIngress(t *testing.T) {
 		{"cidrs and poolRef together rejected", `{loadBalancer: {cidrs: [10.2.6.220/29], poolRef: {name: shared-pool}}}`, `loadBalancer.cidrs and loadBalancer.poolRef are mutually exclusive`},
 
 		// loadBalancer: the host Service and the announcement
-		{"externalTrafficPolicy Local accepted", `{loadBalancer: {externalTrafficPolicy: Local}}`, ""},
+		{"externalTrafficPolicy Local with a BGP class accepted", `{loadBalancer: {externalTrafficPolicy: Local, class: io.cilium/bgp-control-plane}}`, ""},
+		{"externalTrafficPolicy Local with Cilium's L2 announcer (the default class) rejected", `{loadBalancer: {externalTrafficPolicy: Local}}`, `externalTrafficPolicy Local does not work with Cilium's L2 announcer`},
+		{"externalTrafficPolicy Local with MetalLB's class accepted", `{loadBalancer: {externalTrafficPolicy: Local, class: metallb.io/metallb}}`, ""},
+
+		// loadBalancer: IP families
+		{"dual-stack ips accepted", `{loadBalancer: {ip: null, ips: [10.2.6.220, "2001:db8:6::220"]}}`, ""},
+		{"IPv6 first accepted", `{loadBalancer: {ip: null, ips: ["2001:db8:6::220", 10.2.6.220]}}`, ""},
+		{"ips inside cidrs accepted", `{loadBalancer: {ip: null, ips: [10.2.6.221, "2001:db8:6::2"], cidrs: [10.2.6.220/29, "2001:db8:6::/125"]}}`, ""},
+		{"an IPv6 of ips outside cidrs rejected", `{loadBalancer: {ip: null, ips: [10.2.6.221, "2001:db8:7::2"], cidrs: [10.2.6.220/29, "2001:db8:6::/125"]}}`, `each of loadBalancer.ips must be inside one of loadBalancer.cidrs`},
+		{"two ips of one family rejected", `{loadBalancer: {ip: null, ips: [10.2.6.220, 10.2.6.221]}}`, `loadBalancer.ips holds at most one address per IP family`},
+		{"three ips rejected", `{loadBalancer: {ip: null, ips: [10.2.6.220, "2001:db8:6::220", 10.2.6.221]}}`, `spec.loadBalancer.ips: Too many: 3: must have at most 2 items`},
+		{"ips that are no addresses rejected", `{loadBalancer: {ip: null, ips: [not-an-ip]}}`, `each of ips must be an IPv4 or IPv6 address`},
+		{"ip and ips together rejected", `{loadBalancer: {ips: ["2001:db8:6::220"]}}`, `loadBalancer.ip and loadBalancer.ips are mutually exclusive`},
+		{"ipFamilies with cidrs of both families accepted", `{loadBalancer: {ip: null, cidrs: [10.2.6.0/29, "2001:db8:6::/125"], ipFamilies: [IPv6, IPv4]}}`, ""},
+		{"the same family twice rejected", `{loadBalancer: {ipFamilies: [IPv4, IPv4]}}`, `loadBalancer.ipFamilies lists each family once`},
+		{"an unknown family rejected", `{loadBalancer: {ipFamilies: [ipv4]}}`, `spec.loadBalancer.ipFamilies[0]: Unsupported value: "ipv4"`},
+
+		// loadBalancer: BGP
+		{"BGP communities accepted", `{loadBalancer: {class: io.cilium/bgp-control-plane, bgp: {communities: {standard: ["65000:100", "4259840100"], wellKnown: [no-export], large: ["64512:1:100"]}, advertisementLabels: {upstream: transit}}}}`, ""},
+		{"a well-known community Cilium does not name rejected", `{loadBalancer: {bgp: {communities: {wellKnown: [no-such]}}}}`, `spec.loadBalancer.bgp.communities.wellKnown[0]: Unsupported value: "no-such"`},
+		{"a standard community of three parts rejected", `{loadBalancer: {bgp: {communities: {standard: ["1:2:3"]}}}}`, `spec.loadBalancer.bgp.communities.standard[0] in body should match`},
+		{"a large community of two parts rejected", `{loadBalancer: {bgp: {communities: {large: ["1:2"]}}}}`, `spec.loadBalancer.bgp.communities.large[0] in body should match`},
 		{"unknown externalTrafficPolicy rejected", `{loadBalancer: {externalTrafficPolicy: local}}`, `spec.loadBalancer.externalTrafficPolicy: Unsupported value: "local"`},
 		{"empty class rejected", `{loadBalancer: {class: ""}}`, `spec.loadBalancer.class in body should be at least 1 chars long`},
 		{"another class accepted", `{loadBalancer: {class: metallb.io/metallb}}`, ""},
