@@ -42,6 +42,9 @@ CAPK_MANAGER_VERSION   ?= $(CAPK_VERSION)
 # go.mod pins it). The lab installs the CRDs of the same release. v0.16.2 requires an
 # frr-k8s release the module proxy refuses.
 METALLB_VERSION        ?= v0.16.1
+# The lab's BGP (lab-bgp: an upstream router and the speakers of the played Cilium BGP
+# control plane), built on GoBGP as a library (hack/tools/labbgp, whose go.mod pins it).
+GOBGP_VERSION          ?= v3.37.0
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
@@ -66,6 +69,8 @@ CAPK_MANAGER       := $(CAPK_BIN)/capk-manager
 CAPK_ASSETS        := $(CAPK_MANAGER) $(CAPK_BIN)/capk-webhooks.yaml
 METALLB_BIN        := $(CACHE_DIR)/metallb-$(METALLB_VERSION)
 METALLB            := $(METALLB_BIN)/metallb-controller $(METALLB_BIN)/metallb-speaker
+LAB_BGP_BIN        := $(CACHE_DIR)/labbgp-gobgp-$(GOBGP_VERSION)
+LAB_BGP            := $(LAB_BGP_BIN)/lab-bgp
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
@@ -132,7 +137,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN):$(CAPK_BIN):$(METALLB_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN):$(CAPK_BIN):$(METALLB_BIN):$(LAB_BGP_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 # The release the clusterctl tests install (written by `make release-manifests`).
@@ -287,7 +292,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) $(METALLB) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK, MetalLB) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) $(METALLB) $(LAB_BGP) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK, MetalLB, lab-bgp) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip and bridge (iproute2), nft (nftables), podman and runc are installed.
@@ -342,6 +347,15 @@ $(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/
 		{ echo "hack/tools/lbipam/go.mod does not pin github.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
+
+# The lab's BGP router and speaker on GoBGP (hack/tools/labbgp); rebuilt when its sources or
+# pins change (go build reuses its cache).
+$(LAB_BGP): $(wildcard hack/tools/labbgp/*.go) hack/tools/labbgp/go.mod hack/tools/labbgp/go.sum
+	@grep -qE '^(require)?[[:space:]]*github\.com/osrg/gobgp/v3 $(GOBGP_VERSION)$$' hack/tools/labbgp/go.mod || \
+		{ echo "hack/tools/labbgp/go.mod does not pin github.com/osrg/gobgp/v3 $(GOBGP_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,lab-bgp on GoBGP $(GOBGP_VERSION) (hack/tools/labbgp),cd hack/tools/labbgp && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
 
 # konnectivity's server and agent (cmd/server, cmd/agent of sigs.k8s.io/apiserver-network-proxy);
