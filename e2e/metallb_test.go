@@ -288,3 +288,114 @@ func setPodReady(ctx context.Context, t *testing.T, c client.Client, pod *corev1
 		t.Fatalf("setting pod %s ready=%v: %v", pod.Name, ready, err)
 	}
 }
+
+// MetalLB's native BGP against the lab's BGP router (GoBGP): with a BGPPeer and a
+// BGPAdvertisement of the pool carrying communities, every speaker's node advertises the
+// Service's IP as a /32 with its own address as next hop and the communities; with
+// externalTrafficPolicy Local only the node of a ready endpoint does; the routes are
+// withdrawn when the advertisement goes, and when the pool goes.
+func TestLab_MetalLBBGP(t *testing.T) {
+	g := NewWithT(t)
+	l := startLab(t)
+	ctx := testContext(t)
+	c := l.Host.Client
+
+	m, err := l.StartMetalLB(ctx, lab.MetalLBOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(m.Stop)
+	const routerAddress, routerASN, speakerASN = "10.244.0.160", 65000, 64512
+	router, err := l.StartBGPRouter(ctx, lab.BGPRouterOptions{
+		Address: routerAddress, ASN: routerASN,
+		DynamicNeighbors: []lab.BGPDynamicNeighbor{{Prefix: lab.MetalLBSegmentCIDR, ASN: speakerASN}},
+	})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(router.Stop)
+
+	ns := uniqueName("metallb-bgp")
+	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	const ip = "10.98.161.20"
+	prefix := ip + "/32"
+	ingress := map[string]string{"guestnet.dev/ingress": "web"}
+	peer := metallbObject(lab.MetalLBBGPPeerGVK, "router-"+ns, map[string]any{
+		"myASN": int64(speakerASN), "peerASN": int64(routerASN), "peerAddress": routerAddress,
+	})
+	g.Expect(c.Create(ctx, peer)).To(Succeed())
+	t.Cleanup(func() { _ = c.Delete(context.Background(), peer) })
+	newPool := func() *unstructured.Unstructured {
+		return metallbObject(lab.MetalLBIPAddressPoolGVK, "pool-"+ns, map[string]any{
+			"addresses":  []any{prefix},
+			"autoAssign": false,
+			"serviceAllocation": map[string]any{
+				"namespaces":       []any{ns},
+				"serviceSelectors": []any{map[string]any{"matchLabels": toAny(ingress)}},
+			},
+		})
+	}
+	pool := newPool()
+	g.Expect(c.Create(ctx, pool)).To(Succeed())
+	t.Cleanup(func() { _ = c.Delete(context.Background(), newPool()) })
+	newAdv := func() *unstructured.Unstructured {
+		return metallbObject(lab.MetalLBBGPAdvertisementGVK, "bgp-"+ns, map[string]any{
+			"ipAddressPools":    []any{"pool-" + ns},
+			"aggregationLength": int64(32),
+			"communities":       []any{"65000:100", "65535:65281"},
+		})
+	}
+	adv := newAdv()
+	g.Expect(c.Create(ctx, adv)).To(Succeed())
+	t.Cleanup(func() { _ = c.Delete(context.Background(), newAdv()) })
+
+	web := metallbService(ns, "web", ip, ingress)
+	g.Expect(c.Create(ctx, web)).To(Succeed())
+	node1, node2 := m.Speakers[0], m.Speakers[1]
+	backend1 := createBackendPod(ctx, t, c, ns, "backend-1", node1.Node, "10.244.162.1")
+	backend2 := createBackendPod(ctx, t, c, ns, "backend-2", node2.Node, "10.244.162.2")
+	g.Eventually(ingressIP(ctx, c, web)).WithTimeout(30 * time.Second).Should(Equal(ip))
+
+	nextHops := func() ([]string, error) {
+		routes, err := router.RoutesFor(ctx, prefix)
+		var hops []string
+		for _, r := range routes {
+			hops = append(hops, r.NextHop)
+		}
+		return hops, err
+	}
+	t.Run("every speaker's node advertises the /32 with its address as next hop and the communities", func(t *testing.T) {
+		g := NewWithT(t)
+		g.Eventually(nextHops).WithTimeout(60*time.Second).Should(ConsistOf(node1.Address, node2.Address), "peers: %v", peersOf(ctx, router))
+		routes, err := router.RoutesFor(ctx, prefix)
+		g.Expect(err).NotTo(HaveOccurred())
+		for _, r := range routes {
+			g.Expect(r.Peer).To(Equal(r.NextHop))
+			g.Expect(r.ASPath).To(Equal([]uint32{speakerASN}))
+			g.Expect(r.Communities).To(ConsistOf("65000:100", "no-export"))
+		}
+	})
+	t.Run("externalTrafficPolicy Local: only the node of the ready endpoint advertises", func(t *testing.T) {
+		g := NewWithT(t)
+		g.Expect(patchService(ctx, c, web, `{"spec":{"externalTrafficPolicy":"Local"}}`)).To(Succeed())
+		setPodReady(ctx, t, c, backend2, false)
+		g.Eventually(nextHops).WithTimeout(30 * time.Second).Should(Equal([]string{node1.Address}))
+		setPodReady(ctx, t, c, backend2, true)
+		setPodReady(ctx, t, c, backend1, false)
+		g.Eventually(nextHops).WithTimeout(30 * time.Second).Should(Equal([]string{node2.Address}))
+	})
+	t.Run("the advertisement deleted: the route is withdrawn", func(t *testing.T) {
+		g := NewWithT(t)
+		g.Expect(c.Delete(ctx, adv)).To(Succeed())
+		g.Eventually(nextHops).WithTimeout(30 * time.Second).Should(BeEmpty())
+	})
+	t.Run("the pool deleted: the route is withdrawn", func(t *testing.T) {
+		g := NewWithT(t)
+		g.Expect(c.Create(ctx, newAdv())).To(Succeed())
+		g.Eventually(nextHops).WithTimeout(30 * time.Second).Should(Equal([]string{node2.Address}))
+		g.Expect(c.Delete(ctx, pool)).To(Succeed())
+		g.Eventually(nextHops).WithTimeout(30 * time.Second).Should(BeEmpty())
+		g.Eventually(ingressIP(ctx, c, web)).WithTimeout(30 * time.Second).Should(BeEmpty())
+	})
+}
+
+func peersOf(ctx context.Context, r *lab.BGPRouter) []lab.BGPPeer {
+	peers, _ := r.Peers(ctx)
+	return peers
+}

@@ -38,7 +38,9 @@ import (
 //     node's, whose eth0 (MAC MetalLBSpeaker.MAC, address MetalLBSpeaker.Address) is a port of
 //     the segment bridge, with the host apiserver reachable as from a host node;
 //   - the segment: a bridge in a namespace of its own, and a client (MetalLB.ARP) on it, on
-//     MetalLBSegmentCIDR; load-balancer IPs are on-link for the client.
+//     MetalLBSegmentCIDR; load-balancer IPs are on-link for the client. The lab namespace is
+//     on it too (MetalLBGatewayAddress), the nodes' default gateway: the speakers' BGP
+//     sessions reach the lab's BGP router there, from their node's address.
 //
 // The controller runs in a pod network namespace of its own: it serves health and metrics
 // on every address (":<port>", no flag for the address), harmless there.
@@ -68,6 +70,7 @@ type MetalLB struct {
 	pods       []string
 	segment    *netNamespace
 	client     *netNamespace
+	uplink     bool // MetalLBUplink exists
 	stopOnce   sync.Once
 }
 
@@ -102,9 +105,18 @@ const (
 	// nodeSelectors of L2Advertisements and BGPAdvertisements.
 	MetalLBSpeakerLabel = "lab.guestnet.dev/metallb-speaker"
 	// MetalLBSegmentCIDR is the nodes' L2 segment: speaker i's node is .(i+1), the client
-	// MetalLBClientAddress. Load-balancer IPs (from LoadBalancerCIDR) are on-link on it.
-	MetalLBSegmentCIDR   = "10.98.160.0/24"
-	MetalLBClientAddress = "10.98.160.100"
+	// MetalLBClientAddress, the lab namespace MetalLBGatewayAddress. Load-balancer IPs (from
+	// LoadBalancerCIDR) are on-link for the client. Outside the ranges local in the lab
+	// namespace (hack/labns), so that the lab namespace routes to it.
+	MetalLBSegmentCIDR   = "10.99.160.0/24"
+	MetalLBClientAddress = "10.99.160.100"
+	// MetalLBGatewayAddress is the lab namespace's address on the segment (interface
+	// MetalLBUplink), the nodes' default gateway: through it they reach what listens in the
+	// lab namespace, such as the lab's BGP router (StartBGPRouter). It answers ARP only for
+	// this address (arp_ignore=1), not for the load-balancer IPs local in the lab namespace.
+	MetalLBGatewayAddress = "10.99.160.254"
+	// MetalLBUplink is the lab namespace's interface on the segment.
+	MetalLBUplink = "mlb-uplink"
 	// metallbHealthPort is where both serve /readyz inside their namespaces (waitHealthReady's).
 	metallbHealthPort = 9440
 	// metallbVersion is the release the Makefile builds (METALLB_VERSION), for the Pods' images.
@@ -203,7 +215,7 @@ func (l *Lab) StartMetalLB(ctx context.Context, opts MetalLBOptions) (_ *MetalLB
 	for i, node := range nodes {
 		s := &MetalLBSpeaker{
 			Node:    node,
-			Address: fmt.Sprintf("10.98.160.%d", i+1),
+			Address: fmt.Sprintf("10.99.160.%d", i+1),
 			MAC:     fmt.Sprintf("02:6d:6c:62:00:%02x", i+1),
 			Pod:     "speaker-" + node,
 		}
@@ -218,6 +230,9 @@ func (l *Lab) StartMetalLB(ctx context.Context, opts MetalLBOptions) (_ *MetalLB
 			return nil, err
 		}
 		if err := m.attach(s.netns.netNamespace, fmt.Sprintf("n%02d", i+1), s.MAC, s.Address); err != nil {
+			return nil, err
+		}
+		if err := s.netns.ip("route add default via " + MetalLBGatewayAddress); err != nil {
 			return nil, err
 		}
 		if s.proc, err = m.start(l.Dir, "metallb-speaker-"+node, s.netns, env, speakerBin, append(common,
@@ -253,6 +268,9 @@ func (m *MetalLB) buildSegment(dir string) (err error) {
 	if err := m.segment.ip("link add br0 type bridge", "link set br0 up"); err != nil {
 		return err
 	}
+	if err := m.attachLab(); err != nil {
+		return err
+	}
 	if m.client, err = newNetNamespace(dir, "client"); err != nil {
 		return err
 	}
@@ -260,6 +278,25 @@ func (m *MetalLB) buildSegment(dir string) (err error) {
 		return err
 	}
 	return m.client.ip("route add " + LoadBalancerCIDR + " dev eth0 scope link")
+}
+
+// attachLab connects the lab namespace to the segment (MetalLBUplink, MetalLBGatewayAddress).
+func (m *MetalLB) attachLab() error {
+	m.l.podNet.track(MetalLBUplink, true)
+	if err := runIP("link add "+MetalLBUplink+" type veth peer name uplink netns "+m.segment.path); err != nil {
+		return err
+	}
+	m.uplink = true
+	if err := m.segment.ip("link set uplink master br0", "link set uplink up"); err != nil {
+		return err
+	}
+	if err := writeSysctls("1", "ipv4/conf/"+MetalLBUplink+"/arp_ignore"); err != nil {
+		return err
+	}
+	if err := writeSysctls("2", "ipv4/conf/"+MetalLBUplink+"/arp_announce"); err != nil {
+		return err
+	}
+	return runIP("addr add "+MetalLBGatewayAddress+"/24 dev "+MetalLBUplink, "link set "+MetalLBUplink+" up")
 }
 
 // attach connects ns to the segment: eth0 in ns with mac and addr (on MetalLBSegmentCIDR),
@@ -467,7 +504,8 @@ func (m *MetalLB) Stop() {
 		defer cancel()
 		c := m.l.Host.Client
 		for _, name := range m.pods {
-			_ = c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: MetalLBNamespace, Name: name}})
+			// At once: no kubelet would confirm a graceful deletion of a Pod bound to a node.
+			_ = c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: MetalLBNamespace, Name: name}}, client.GracePeriodSeconds(0))
 		}
 		unlabel := []byte(`{"metadata":{"labels":{"` + MetalLBSpeakerLabel + `":null}}}`)
 		for _, s := range m.Speakers {
@@ -478,5 +516,9 @@ func (m *MetalLB) Stop() {
 				ns.close()
 			}
 		}
+		if m.uplink {
+			_ = runIP("link del " + MetalLBUplink)
+		}
+		m.l.podNet.track(MetalLBUplink, false)
 	})
 }
