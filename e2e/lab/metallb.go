@@ -108,7 +108,8 @@ const (
 	// MetalLBClientAddress, the lab namespace MetalLBGatewayAddress. Load-balancer IPs (from
 	// LoadBalancerCIDR) are on-link for the client. Outside the ranges local in the lab
 	// namespace (hack/labns), so that the lab namespace routes to it.
-	MetalLBSegmentCIDR   = "10.99.160.0/24"
+	MetalLBSegmentCIDR = "10.99.160.0/24"
+	// MetalLBClientAddress is the client's address on the segment (MetalLB.ARP asks from it).
 	MetalLBClientAddress = "10.99.160.100"
 	// MetalLBGatewayAddress is the lab namespace's address on the segment (interface
 	// MetalLBUplink), the nodes' default gateway: through it they reach what listens in the
@@ -283,7 +284,7 @@ func (m *MetalLB) buildSegment(dir string) (err error) {
 // attachLab connects the lab namespace to the segment (MetalLBUplink, MetalLBGatewayAddress).
 func (m *MetalLB) attachLab() error {
 	m.l.podNet.track(MetalLBUplink, true)
-	if err := runIP("link add "+MetalLBUplink+" type veth peer name uplink netns "+m.segment.path); err != nil {
+	if err := runIP("link add " + MetalLBUplink + " type veth peer name uplink netns " + m.segment.path); err != nil {
 		return err
 	}
 	m.uplink = true
