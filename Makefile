@@ -37,13 +37,21 @@ KONNECTIVITY_VERSION   ?= v0.36.0
 # CAPK's own pins: CAPI v1.11, controller-runtime v0.22, k8s v0.34; it cannot build against
 # the provider's CAPI v1.14).
 CAPK_MANAGER_VERSION   ?= $(CAPK_VERSION)
+# MetalLB's controller and speaker run for real in the host cluster (lab.StartMetalLB), with
+# its native BGP implementation; built in their own tools module (hack/tools/metallb, whose
+# go.mod pins it). The lab installs the CRDs of the same release. v0.16.2 requires an
+# frr-k8s release the module proxy refuses.
+METALLB_VERSION        ?= v0.16.1
+# The lab's BGP (lab-bgp: an upstream router and the speakers of the played Cilium BGP
+# control plane), built on GoBGP as a library (hack/tools/labbgp, whose go.mod pins it).
+GOBGP_VERSION          ?= v3.37.0
 
 # --- Cache layout (outside the repository) ----------------------------------------------
 CACHE_DIR    ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guestnet
 K8S_BIN      := $(CACHE_DIR)/k8s-$(K8S_VERSION)
 ETCD_BIN     := $(CACHE_DIR)/etcd-$(ETCD_VERSION)
 TOOLS_BIN    := $(CACHE_DIR)/tools
-CRD_DIR      := $(CACHE_DIR)/crds/capi-$(CAPI_VERSION)_capk-$(CAPK_VERSION)_cilium-$(CILIUM_VERSION)
+CRD_DIR      := $(CACHE_DIR)/crds/capi-$(CAPI_VERSION)_capk-$(CAPK_VERSION)_cilium-$(CILIUM_VERSION)_metallb-$(METALLB_VERSION)
 CERT_MANAGER_BIN   := $(CACHE_DIR)/cert-manager-$(CERT_MANAGER_VERSION)
 METRICS_SERVER_BIN := $(CACHE_DIR)/metrics-server-$(METRICS_SERVER_VERSION)
 CLUSTERCTL_BIN     := $(CACHE_DIR)/clusterctl-$(CLUSTERCTL_VERSION)
@@ -59,6 +67,10 @@ CAPK_MANAGER       := $(CAPK_BIN)/capk-manager
 # The manager, and next to it its admission webhook configurations (config/webhook of the
 # same release: lab.StartCAPK registers them with url clientConfigs).
 CAPK_ASSETS        := $(CAPK_MANAGER) $(CAPK_BIN)/capk-webhooks.yaml
+METALLB_BIN        := $(CACHE_DIR)/metallb-$(METALLB_VERSION)
+METALLB            := $(METALLB_BIN)/metallb-controller $(METALLB_BIN)/metallb-speaker
+LAB_BGP_BIN        := $(CACHE_DIR)/labbgp-gobgp-$(GOBGP_VERSION)
+LAB_BGP            := $(LAB_BGP_BIN)/lab-bgp
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
@@ -125,7 +137,7 @@ TEST_PKGS ?= ./...
 TEST_ARGS ?=
 
 # What the lab needs, handed to the tests and the demo.
-export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN):$(CAPK_BIN)
+export GUESTNET_LAB_BIN := $(K8S_BIN):$(ETCD_BIN):$(CERT_MANAGER_BIN):$(METRICS_SERVER_BIN):$(CLUSTERCTL_BIN):$(CILIUM_BIN):$(KONNECTIVITY_BIN):$(CAPK_BIN):$(METALLB_BIN):$(LAB_BGP_BIN)
 export GUESTNET_LAB_CRDS := $(CRD_DIR)
 export GUESTNET_KUSTOMIZE := $(KUSTOMIZE)
 # The release the clusterctl tests install (written by `make release-manifests`).
@@ -280,7 +292,7 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 ##@ Lab assets (cached in CACHE_DIR)
 
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK) and fetch third-party CRDs/manifests.
+lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) $(METALLB) $(LAB_BGP) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK, MetalLB, lab-bgp) and fetch third-party CRDs/manifests.
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip and bridge (iproute2), nft (nftables), podman and runc are installed.
@@ -294,7 +306,7 @@ $(K8S_BIN)/%:
 
 # Fetched again when the script changes (what it copies).
 $(CRD_DIR)/.complete: hack/fetch-crds.sh
-	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION)
+	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION) $(METALLB_VERSION)
 
 $(CERT_MANAGER_BIN)/cert-manager-%:
 	mkdir -p $(dir $@)
@@ -337,6 +349,15 @@ $(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/
 	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
 
+# The lab's BGP router and speaker on GoBGP (hack/tools/labbgp); rebuilt when its sources or
+# pins change (go build reuses its cache).
+$(LAB_BGP): $(wildcard hack/tools/labbgp/*.go) hack/tools/labbgp/go.mod hack/tools/labbgp/go.sum
+	@grep -qE '^(require)?[[:space:]]*github\.com/osrg/gobgp/v3 $(GOBGP_VERSION)$$' hack/tools/labbgp/go.mod || \
+		{ echo "hack/tools/labbgp/go.mod does not pin github.com/osrg/gobgp/v3 $(GOBGP_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,lab-bgp on GoBGP $(GOBGP_VERSION) (hack/tools/labbgp),cd hack/tools/labbgp && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
+
 # konnectivity's server and agent (cmd/server, cmd/agent of sigs.k8s.io/apiserver-network-proxy);
 # its go.mod requires konnectivity-client at the same version explicitly (the project's own
 # replace of it is not seen from another module).
@@ -360,6 +381,15 @@ $(CAPK_BIN)/capk-webhooks.yaml: hack/tools/capk/go.mod
 	@mkdir -p $(dir $@)
 	dir=$$(go -C hack/tools/capk list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api-provider-kubevirt) && \
 		cp "$$dir/config/webhook/manifests.yaml" $@.tmp && chmod u+w $@.tmp && mv $@.tmp $@
+
+# MetalLB's controller and speaker (the main packages go.universe.tf/metallb/controller and
+# go.universe.tf/metallb/speaker); hack/tools/metallb has no Go files, only its go.mod pins.
+$(METALLB_BIN)/metallb-%: hack/tools/metallb/go.mod hack/tools/metallb/go.sum
+	@grep -qE '^(require)?[[:space:]]*go\.universe\.tf/metallb $(METALLB_VERSION)$$' hack/tools/metallb/go.mod || \
+		{ echo "hack/tools/metallb/go.mod does not pin go.universe.tf/metallb $(METALLB_VERSION)"; exit 1; }
+	@mkdir -p $(dir $@)
+	@$(call build_step,MetalLB $* $(METALLB_VERSION) (hack/tools/metallb),cd hack/tools/metallb && \
+		go build -trimpath -ldflags "-s -w" -o $@.tmp go.universe.tf/metallb/$* && mv $@.tmp $@)
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)

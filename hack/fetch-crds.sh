@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Copies the real CRDs of CAPI core, CAPK and Cilium, at pinned versions, from their Go
+# Copies the real CRDs of CAPI core, CAPK, Cilium and MetalLB, at pinned versions, from their Go
 # module zips into DEST, so the lab installs exactly what those projects ship: every CRD of
 # CAPI core (cluster, addons, ipam and runtime groups) and, in DEST/capi-webhooks, the core
 # manager's admission webhook configurations (lab.StartCAPI registers them with url clientConfigs).
-# Usage: fetch-crds.sh DEST CAPI_VERSION CAPK_VERSION CILIUM_VERSION
+# Usage: fetch-crds.sh DEST CAPI_VERSION CAPK_VERSION CILIUM_VERSION METALLB_VERSION
 set -euo pipefail
-dest=$1 capi=$2 capk=$3 cilium=$4
+dest=$1 capi=$2 capk=$3 cilium=$4 metallb=$5
 
 moddir() { # module@version -> extracted module directory in the module cache
   (cd "$(mktemp -d)" && go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 }
 
-rm -rf "$dest" && mkdir -p "$dest"/{capi,capi-webhooks,capk,cilium}
+rm -rf "$dest" && mkdir -p "$dest"/{capi,capi-webhooks,capk,cilium,metallb}
 capi_dir=$(moddir "sigs.k8s.io/cluster-api@$capi")
 capk_dir=$(moddir "sigs.k8s.io/cluster-api-provider-kubevirt@$capk")
 cilium_dir=$(moddir "github.com/cilium/cilium@$cilium")
+metallb_dir=$(moddir "go.universe.tf/metallb@$metallb")
 
 cp "$capi_dir"/core/config/crd/bases/*.yaml "$dest/capi/"
 cp "$capi_dir"/core/config/webhook/manifests.yaml "$dest/capi-webhooks/"
@@ -30,5 +31,9 @@ for f in "$dest"/capk/*.yaml; do
 done
 crds=$cilium_dir/pkg/k8s/apis/cilium.io/client/crds
 cp "$crds"/v2/ciliumloadbalancerippools.yaml "$crds"/v2alpha1/ciliuml2announcementpolicies.yaml "$dest/cilium/"
+# Every CRD of MetalLB's config/crd/bases, as generated (its kustomization's only patch adds
+# BGPPeer's v1beta1<->v1beta2 conversion webhook, which needs the controller's webhook server:
+# without it the lab writes BGPPeers as v1beta2, the storage version).
+cp "$metallb_dir"/config/crd/bases/metallb.io_*.yaml "$dest/metallb/"
 chmod -R u+w "$dest"
 touch "$dest/.complete"

@@ -16,7 +16,7 @@ type Assets struct {
 	KubeAPIServer         string
 	KubeControllerManager string
 	Kubectl               string
-	// CRDDir holds capi/, capk/ and cilium/ subdirectories of CRD YAML.
+	// CRDDir holds capi/, capk/, cilium/ and metallb/ subdirectories of CRD YAML.
 	CRDDir string
 
 	// binDirs is GUESTNET_LAB_BIN, where LookupThirdParty looks.

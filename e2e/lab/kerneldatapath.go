@@ -176,8 +176,9 @@ type hostPodNetwork struct {
 }
 
 // NetworkInterfaces are the interfaces of the lab's network namespace: lo, and once kernel
-// workers or host pods exist, the host pod network's bridge and the veths of its pods, each
-// leading to a namespace the lab created. Nothing else may be there.
+// workers or host pods exist, the host pod network's bridge and the veths of its pods, and
+// while MetalLB runs its uplink (MetalLBUplink), each leading to a namespace the lab created.
+// Nothing else may be there.
 func (l *Lab) NetworkInterfaces() []string {
 	out := []string{"lo"}
 	p := &l.podNet

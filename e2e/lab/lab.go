@@ -96,7 +96,7 @@ type Options struct {
 	// (StartKonnectivityAgent) connect to. Without it the guest apiserver dials directly.
 	Konnectivity bool
 	// WithoutCRDs names the third-party CRD directories of GUESTNET_LAB_CRDS ("cilium",
-	// "capk") the host starts without, as a host cluster that lacks that provider;
+	// "capk", "metallb") the host starts without, as a host cluster that lacks that provider;
 	// InstallThirdPartyCRDs installs one later.
 	WithoutCRDs []string
 }
@@ -239,7 +239,7 @@ func startCluster(ctx context.Context, assets *Assets, opts ControlPlaneOptions)
 	return &Cluster{ControlPlane: cp, Client: c}, nil
 }
 
-// CRD directories installed in the host: CAPI core, CAPK and Cilium from their pinned
+// CRD directories installed in the host: CAPI core, CAPK, Cilium and MetalLB from their pinned
 // module zips (see hack/fetch-crds.sh), and guestnet's own from config/crd/bases.
 func (l *Lab) hostCRDDirs() ([]string, error) {
 	root, err := RepoRoot()
@@ -247,7 +247,7 @@ func (l *Lab) hostCRDDirs() ([]string, error) {
 		return nil, err
 	}
 	var dirs []string
-	for _, d := range []string{"capi", "capk", "cilium"} {
+	for _, d := range []string{"capi", "capk", "cilium", "metallb"} {
 		if !slices.Contains(l.withoutCRDs, d) {
 			dirs = append(dirs, filepath.Join(l.Assets.CRDDir, d))
 		}
@@ -256,7 +256,7 @@ func (l *Lab) hostCRDDirs() ([]string, error) {
 }
 
 // InstallThirdPartyCRDs installs, in the host, the CRDs of one directory of GUESTNET_LAB_CRDS
-// ("cilium", "capk") that the lab started without (Options.WithoutCRDs), and waits until
+// ("cilium", "capk", "metallb") that the lab started without (Options.WithoutCRDs), and waits until
 // they are served.
 func (l *Lab) InstallThirdPartyCRDs(dir string) error {
 	_, err := envtest.InstallCRDs(l.Host.Config, envtest.CRDInstallOptions{
