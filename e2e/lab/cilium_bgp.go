@@ -116,7 +116,7 @@ func (l *Lab) StartCiliumBGPStandIn(ctx context.Context, opts CiliumBGPOptions) 
 		always := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: opts.NodeName}}}
 		})
-		err := ctrl.NewControllerManagedBy(mgr).Named("cilium-bgp-" + opts.NodeName).
+		err := ctrl.NewControllerManagedBy(mgr).Named("cilium-bgp-"+opts.NodeName).
 			For(&corev1.Node{}).
 			Watches(&corev1.Service{}, always).
 			Watches(&discoveryv1.EndpointSlice{}, always).
