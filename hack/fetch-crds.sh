@@ -31,6 +31,10 @@ for f in "$dest"/capk/*.yaml; do
 done
 crds=$cilium_dir/pkg/k8s/apis/cilium.io/client/crds
 cp "$crds"/v2/ciliumloadbalancerippools.yaml "$crds"/v2alpha1/ciliuml2announcementpolicies.yaml "$dest/cilium/"
+# The BGP control plane's v2 API: the platform's cluster and peer configs, the advertisements
+# (guestnet creates one per GuestIngress), and the per-node configs Cilium's operator derives
+# from the cluster configs. v1.20 serves v2 (stored) and still v2alpha1.
+cp "$crds"/v2/ciliumbgp{clusterconfigs,peerconfigs,advertisements,nodeconfigs,nodeconfigoverrides}.yaml "$dest/cilium/"
 # Every CRD of MetalLB's config/crd/bases, as generated (its kustomization's only patch adds
 # BGPPeer's v1beta1<->v1beta2 conversion webhook, which needs the controller's webhook server:
 # without it the lab writes BGPPeers as v1beta2, the storage version).

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,10 +154,17 @@ func (r *BGPRouter) WaitForRoutes(ctx context.Context, prefix string, ok func([]
 		}
 		select {
 		case <-ctx.Done():
-			return last, fmt.Errorf("routes for %s: last seen %+v (error %v): %w", prefix, last, lastErr, ctx.Err())
+			return last, fmt.Errorf("routes for %s: last seen %+v (last error: %s): %w", prefix, last, errorText(lastErr), ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return "none"
+	}
+	return err.Error()
 }
 
 // Stop stops the router; its peers' sessions go down.
@@ -229,9 +235,4 @@ func doJSON(ctx context.Context, c *http.Client, method, path string, body io.Re
 		return nil
 	}
 	return json.Unmarshal(data, out)
-}
-
-// hostPrefix is addr's host route: /32 or /128.
-func hostPrefix(addr netip.Addr) string {
-	return netip.PrefixFrom(addr, addr.BitLen()).String()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -23,6 +24,7 @@ type standIn struct {
 	done     chan error
 	log      *os.File
 	closeAll func()
+	stopOnce sync.Once
 }
 
 // startStandIn creates the stand-in's manager on cfg, lets register add its controllers
