@@ -20,13 +20,18 @@ import (
 // LabPolicyName names the lab-wide GuestIngressPolicy.
 const LabPolicyName = "lab"
 
+// LabBGPAdvertisementLabel is the label LabPolicy puts on guestnet's CiliumBGPAdvertisements,
+// which the tests' CiliumBGPPeerConfigs select.
+const LabBGPAdvertisementLabel = "bgp.lab.guestnet.dev/advertise"
+
 // NoLabPolicyLabel keeps LabPolicy from selecting a namespace that carries it (any value).
 const NoLabPolicyLabel = "test.guestnet.dev/no-lab-policy"
 
 // LabPolicy admits, in every namespace without NoLabPolicyLabel: the lab's load-balancer range
 // (LoadBalancerCIDR), the documentation's 10.2.6.0/24 and 10.3.0.0/16 (where the controllers'
 // shared tests draw one IP per GuestIngress, apart from every other test's); Cilium's L2 announcer on ^eth0$ and
-// ^bond[0-9]+$ of every node, and the BGP control plane; Cluster and Local traffic; the
+// ^bond[0-9]+$ of every node, and the BGP control plane (advertisements labelled
+// LabBGPAdvertisementLabel=tenants, no community); Cluster and Local traffic; the
 // annotation and label keys the tests write (example.com/*, test.guestnet.dev/*, a, b, c, x,
 // y, new). No shared pool and no cap.
 func LabPolicy() *guestnetv1.GuestIngressPolicy { //nolint:revive // LabPolicy, LabPolicyName, NoLabPolicyLabel and Options.SkipLabPolicy name one thing
@@ -41,6 +46,9 @@ func LabPolicy() *guestnetv1.GuestIngressPolicy { //nolint:revive // LabPolicy, 
 			LoadBalancerClasses: []string{guestnetv1.DefaultLoadBalancerClass, "io.cilium/bgp-control-plane"},
 			L2Announcement: &guestnetv1.L2AnnouncementPolicy{
 				Interfaces: []string{"^eth0$", "^bond[0-9]+$"},
+			},
+			BGPAdvertisement: &guestnetv1.BGPAdvertisementPolicy{
+				AdvertisementLabels: map[string]string{LabBGPAdvertisementLabel: "tenants"},
 			},
 			HostService: guestnetv1.HostServicePolicy{
 				AllowedAnnotationKeys: keys,
