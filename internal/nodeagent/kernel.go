@@ -124,9 +124,9 @@ func (k Kernel) Apply() (changed bool, err error) {
 	c.DelTable(t)
 	c.AddTable(t)
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+		Hooknum: nftables.ChainHookPrerouting, Priority: chainPriorities["prerouting"]})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+		Hooknum: nftables.ChainHookPostrouting, Priority: chainPriorities["postrouting"]})
 	for _, r := range want {
 		chain := pre
 		if r.chain == post.Name {
@@ -225,11 +225,29 @@ func tableRules(k Kernel) []rule {
 // ruleTexts renders rules as the kernel gives them back: "<chain>: <text>", chains in
 // prerouting, postrouting order.
 func ruleTexts(rules []rule) []string {
-	out := make([]string, 0, len(rules))
+	out := make([]string, 0, len(rules)+len(chainPriorities))
+	for _, name := range []string{"prerouting", "postrouting"} {
+		out = append(out, priorityText(name, *chainPriorities[name]))
+	}
 	for _, r := range rules {
 		out = append(out, r.chain+": "+r.text)
 	}
 	return out
+}
+
+// chainPriorities: the agent's chains run just after the dstnat and srcnat chains of the
+// guest's kube-proxy (iptables or nftables mode) and of anything else at the standard NAT
+// priorities. Linux translates a connection's destination once: the first NAT chain that
+// does it wins and the later ones are skipped (nf_nat_inet_fn). Running after kube-proxy
+// lets a nodePort arriving at the masquerade address reach the Service's pod (kube-proxy
+// translates it), instead of being sent to the node IP, where nothing listens on a nodePort.
+var chainPriorities = map[string]*nftables.ChainPriority{
+	"prerouting":  nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest + 10),
+	"postrouting": nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource + 10),
+}
+
+func priorityText(chain string, p nftables.ChainPriority) string {
+	return fmt.Sprintf("%s: (chain priority %d)", chain, p)
 }
 
 // currentRules reads the texts of the agent's table back (nil when it does not exist).
@@ -242,7 +260,20 @@ func currentRules(c *nftables.Conn) ([]string, error) {
 	if i < 0 {
 		return nil, nil
 	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return nil, fmt.Errorf("listing nftables chains: %w", err)
+	}
 	var out []string
+	for _, name := range []string{"prerouting", "postrouting"} {
+		text := name + ": (no chain)"
+		for _, ch := range chains {
+			if ch.Table.Name == TableName && ch.Name == name && ch.Priority != nil {
+				text = priorityText(name, *ch.Priority)
+			}
+		}
+		out = append(out, text)
+	}
 	for _, name := range []string{"prerouting", "postrouting"} {
 		rules, err := c.GetRules(tables[i], &nftables.Chain{Name: name, Table: tables[i]})
 		if err != nil {
