@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -88,9 +90,9 @@ func TestLab_ClientSourceIPThroughTheFourNATs(t *testing.T) {
 	setHostEndpoints := func(workers ...*lab.Worker) {
 		t.Helper()
 		for _, family := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
-			slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: hostSvc.Name + "-" + string(family)}}
+			slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: hostSvc.Name + "-" + strings.ToLower(string(family))}}
 			_ = l.Host.Client.Delete(ctx, slice)
-			slice.Labels = map[string]string{discoveryv1.LabelServiceName: hostSvc.Name, discoveryv1.LabelManagedBy: "lab.guestnet.dev/test"}
+			slice.Labels = map[string]string{discoveryv1.LabelServiceName: hostSvc.Name, discoveryv1.LabelManagedBy: "test.lab.guestnet.dev"}
 			slice.AddressType = family
 			slice.Ports = []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](nodePort), Protocol: ptr.To(corev1.ProtocolTCP)}}
 			for _, w := range workers {
@@ -147,6 +149,12 @@ func TestLab_ClientSourceIPThroughTheFourNATs(t *testing.T) {
 			_, err := lab.SourceSeen(ctx, client1.Dial, addr)
 			g.Expect(errors.Is(err, syscall.ECONNREFUSED)).To(BeTrue(), "Cilium answers ICMP port unreachable for a frontend without backends: %v", err)
 		}
+		// Refused by the load balancer's reject (ICMP), not by a RST of the lab namespace.
+		rules, err := kl.Ruleset()
+		g.Expect(err).NotTo(HaveOccurred())
+		for _, daddr := range []string{"ip daddr " + lbIP, "ip6 daddr " + lbIP6} {
+			g.Expect(rules).To(MatchRegexp(regexp.QuoteMeta(daddr)+` tcp dport 80 counter packets [1-9]\d* bytes \d+ reject`), "the reject rule counted the SYNs:\n%s", rules)
+		}
 	})
 
 	t.Run("Cluster on the host, remote backend: the entry node's address", func(t *testing.T) {
@@ -176,7 +184,7 @@ func TestLab_ClientSourceIPThroughTheFourNATs(t *testing.T) {
 		setPolicies(corev1.ServiceExternalTrafficPolicyLocal, corev1.ServiceExternalTrafficPolicyLocal)
 		setHostEndpoints(a, b)
 		g.Expect(kl.SetEntryNode(ctx, "host-node-2")).To(Succeed())
-		g.Eventually(func() string { r, _ := kl.Ruleset(); return r }).WithTimeout(10 * time.Second).Should(ContainSubstring("dnat ip to " + b.IP))
+		g.Eventually(func() string { r, _ := kl.Ruleset(); return r }).WithTimeout(10 * time.Second).Should(ContainSubstring("dnat ip to " + b.IP + ":"))
 		for _, addr := range []string{lbAddr, lbAddr6} {
 			dialCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			_, err := lab.SourceSeen(dialCtx, client1.Dial, addr)

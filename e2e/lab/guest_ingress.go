@@ -286,7 +286,7 @@ func (s *IngressStandIn) writeGuestObjects(ctx context.Context, svc *corev1.Serv
 				Namespace: s.opts.Namespace, Name: s.opts.Name + "-" + strings.ToLower(string(e.family)),
 				Labels: map[string]string{
 					discoveryv1.LabelServiceName: svc.Name,
-					discoveryv1.LabelManagedBy:   "lab.guestnet.dev/ingress-stand-in",
+					discoveryv1.LabelManagedBy:   "ingress-stand-in.lab.guestnet.dev",
 				},
 			},
 			AddressType: e.family,

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -368,12 +369,18 @@ func (l *Lab) onKernelPodNetwork(addr netip.Addr) bool {
 	if addr.Is4() {
 		return l.onKernelSubnet(addr.String())
 	}
-	// fd00:10:244:X::Y is the IPv6 address of 10.244.X.Y (podIPv6).
+	// fd00:10:244:X::Y is the IPv6 address of 10.244.X.Y, the numbers written as they read
+	// (podIPv6): group 0x122 is X = 122.
 	b := addr.As16()
-	if !netip.MustParsePrefix("fd00:10:244::/48").Contains(addr) || b[6] != 0 {
+	if !netip.MustParsePrefix("fd00:10:244::/48").Contains(addr) {
 		return false
 	}
-	return l.onKernelSubnet(fmt.Sprintf("10.244.%d.%d", b[7], b[15]))
+	x, errX := strconv.Atoi(fmt.Sprintf("%x", uint16(b[6])<<8|uint16(b[7])))
+	y, errY := strconv.Atoi(fmt.Sprintf("%x", uint16(b[14])<<8|uint16(b[15])))
+	if errX != nil || errY != nil || podIPv6(net.IPv4(10, 244, byte(x), byte(y))) != addr.String() {
+		return false
+	}
+	return l.onKernelSubnet(fmt.Sprintf("10.244.%d.%d", x, y))
 }
 
 // renderKernelLB renders the table for entry and the frontends, as an nft script that
@@ -392,7 +399,7 @@ func renderKernelLB(entry string, fes []lbFrontend) string {
 		comment := fmt.Sprintf("comment %q", fmt.Sprintf("%s:%d", fe.service, fe.port))
 		if len(fe.backends) == 0 {
 			// Not DNATed: delivered to the local load-balancer IP, rejected on input.
-			fmt.Fprintf(&input, "\t\t%s reject with icmpx type port-unreachable %s\n", match, comment)
+			fmt.Fprintf(&input, "\t\t%s counter reject with icmpx type port-unreachable %s\n", match, comment)
 			continue
 		}
 		svcChain := fmt.Sprintf("svc-%d", i)
@@ -405,7 +412,7 @@ func renderKernelLB(entry string, fes []lbFrontend) string {
 			if be.snat {
 				fmt.Fprintf(&chains, "\t\tmeta mark set meta mark | %s\n", kernelLBSNATMark)
 			}
-			fmt.Fprintf(&chains, "\t\tdnat %s to %s\n\t}\n", ipX, be.addr)
+			fmt.Fprintf(&chains, "\t\tmeta l4proto %s dnat %s to %s\n\t}\n", fe.protocol, ipX, be.addr)
 		}
 		fmt.Fprintf(&chains, "\tchain %s {\n\t\tnumgen random mod %d vmap { %s }\n\t}\n", svcChain, len(fe.backends), strings.Join(vmap, ", "))
 	}
