@@ -233,7 +233,8 @@ func answerSourceSeen(rw http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	_, _ = io.WriteString(rw, host)
+	rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(rw, host) //nolint:gosec // plain text: an IP address the kernel reported, not input
 }
 
 // writeGuestObjects writes the guest Pod (Running, Ready, on the worker's Node) and, per IP
@@ -344,7 +345,7 @@ func SourceSeen(ctx context.Context, dial func(ctx context.Context, network, add
 	hc := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", http.NoBody)
 	if err != nil {
 		return "", err
 	}

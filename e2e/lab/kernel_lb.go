@@ -313,7 +313,7 @@ func (r *kernelLB) frontends(svc *corev1.Service, eps []discoveryv1.EndpointSlic
 	var out []lbFrontend
 	for _, in := range svc.Status.LoadBalancer.Ingress {
 		ip, err := netip.ParseAddr(in.IP)
-		if err != nil || !(netip.MustParsePrefix(LoadBalancerCIDR).Contains(ip) || netip.MustParsePrefix(LoadBalancerCIDR6).Contains(ip)) {
+		if err != nil || (!netip.MustParsePrefix(LoadBalancerCIDR).Contains(ip) && !netip.MustParsePrefix(LoadBalancerCIDR6).Contains(ip)) {
 			continue
 		}
 		family := discoveryv1.AddressTypeIPv4
