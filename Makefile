@@ -78,8 +78,10 @@ GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-l
 KUBE_APISERVER          := $(K8S_BIN)/kube-apiserver
 KUBE_CONTROLLER_MANAGER := $(K8S_BIN)/kube-controller-manager
 KUBECTL                 := $(K8S_BIN)/kubectl
+# The guest's kube-proxy, run per worker VM on the kernel datapath (lab.StartGuestKubeProxy).
+KUBE_PROXY              := $(K8S_BIN)/kube-proxy
 ETCD                    := $(ETCD_BIN)/etcd
-LAB_BINARIES := $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBECTL) $(ETCD)
+LAB_BINARIES := $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBECTL) $(KUBE_PROXY) $(ETCD)
 
 CERT_MANAGER_WEBHOOK    := $(CERT_MANAGER_BIN)/cert-manager-webhook
 CERT_MANAGER_CAINJECTOR := $(CERT_MANAGER_BIN)/cert-manager-cainjector

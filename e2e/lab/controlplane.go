@@ -32,6 +32,8 @@ type ControlPlaneOptions struct {
 	Address string
 	// ServiceCIDR of the cluster.
 	ServiceCIDR string
+	// ServiceCIDR6 is the cluster's IPv6 service CIDR, when it serves dual-stack Services.
+	ServiceCIDR6 string
 	// ControllerManager also runs a kube-controller-manager with the controllers the lab
 	// relies on (EndpointSlices from selectors, garbage collection, namespace deletion).
 	ControllerManager bool
@@ -283,7 +285,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 		"--advertise-address=" + cp.Options.Address,
 		"--secure-port=" + strconv.Itoa(APIServerPort),
 		"--endpoint-reconciler-type=" + map[bool]string{true: "lease", false: "none"}[cp.Options.PublishEndpoints],
-		"--service-cluster-ip-range=" + cp.Options.ServiceCIDR,
+		"--service-cluster-ip-range=" + strings.TrimSuffix(cp.Options.ServiceCIDR+","+cp.Options.ServiceCIDR6, ","),
 		"--tls-cert-file=" + p("apiserver.crt"),
 		"--tls-private-key-file=" + p("apiserver.key"),
 		"--client-ca-file=" + p("ca.crt"),

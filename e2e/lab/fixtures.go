@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -379,6 +380,7 @@ type WorkerOption func(*workerOptions)
 
 type workerOptions struct {
 	kernel, dualStack bool
+	hostNode          string
 }
 
 // OnKernelDatapath puts the worker on the kernel datapath (kerneldatapath.go): its pod IP
@@ -389,6 +391,11 @@ func OnKernelDatapath() WorkerOption { return func(o *workerOptions) { o.kernel 
 // 10.244.X.Y), and its VM KubeVirt's IPv6 masquerade (fd10:0:2::2 behind fd10:0:2::1, the
 // ip6 nat rules), as KubeVirt does for a pod with a global IPv6 address.
 func DualStack() WorkerOption { return func(o *workerOptions) { o.kernel, o.dualStack = true, true } }
+
+// OnHostNode runs the worker's virt-launcher pod on the host node name (one of HostNodes)
+// instead of the one the machine's name hashes to: its EndpointSlice endpoints carry that
+// nodeName, which externalTrafficPolicy Local goes by.
+func OnHostNode(name string) WorkerOption { return func(o *workerOptions) { o.hostNode = name } }
 
 // newWorker starts the datapath of a worker VM with pod IP ip and VMI spec vmi: the kernel's
 // or the userspace masquerade stand-in's.
@@ -467,7 +474,7 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 			Labels:    virtLauncherPodLabels(vmi),
 		},
 		Spec: corev1.PodSpec{
-			NodeName:   hostNodeFor(machine),
+			NodeName:   cmp.Or(o.hostNode, hostNodeFor(machine)),
 			Containers: []corev1.Container{{Name: "compute", Image: "quay.io/kubevirt/virt-launcher:v1.9.0"}},
 		},
 	}

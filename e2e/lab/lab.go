@@ -71,6 +71,8 @@ type Lab struct {
 	withoutCRDs []string
 	// podNet is the host pod network of kernel workers (kerneldatapath.go), made on first use.
 	podNet hostPodNetwork
+	// extNet is the external network of clients outside the host cluster (kernel_lb.go).
+	extNet externalNetwork
 }
 
 // Cluster is one control plane of the lab with a client for it.
@@ -154,7 +156,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	if !opts.SkipGuest {
 		wg.Go(func() {
 			l.Guest, guestErr = startCluster(ctx, assets, ControlPlaneOptions{
-				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR,
+				Name: "guest", Address: GuestAPIServerAddress, ServiceCIDR: GuestServiceCIDR, ServiceCIDR6: GuestServiceCIDR6,
 				Dir: filepath.Join(opts.Dir, "guest"), ResolvConf: resolvConf, Audit: opts.Audit,
 				EgressSelectorConfig: egressSelectorConfig,
 				ExternalIPs:          []string{GuestControlPlaneLoadBalancerIP},

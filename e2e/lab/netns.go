@@ -26,6 +26,9 @@ const (
 	// GuestServiceCIDR is the guest cluster's service CIDR. It has no route in the lab
 	// namespace: the guest apiserver cannot reach guest ClusterIPs, as in production.
 	GuestServiceCIDR = "10.96.0.0/16"
+	// GuestServiceCIDR6 is the guest cluster's IPv6 service CIDR: the guest serves
+	// dual-stack Services (Services are IPv4 single-stack unless they ask for more).
+	GuestServiceCIDR6 = "fd00:10:96::/112"
 	// LoadBalancerCIDR is the lab's "physical" network of load-balancer IPs: pools of the
 	// tests take IPs from it, and the Cilium stand-in (StartCiliumStandIn) listens on the IPs
 	// it announces. Local in the lab namespace; an IP outside it is never bound or dialed.
