@@ -149,7 +149,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	var hostErr, guestErr error
 	wg.Go(func() {
 		l.Host, hostErr = startCluster(ctx, assets, ControlPlaneOptions{
-			Name: "host", Address: HostAPIServerAddress, ServiceCIDR: HostServiceCIDR,
+			Name: "host", Address: HostAPIServerAddress, ServiceCIDR: HostServiceCIDR, ServiceCIDR6: HostServiceCIDR6,
 			ControllerManager: true, Dir: filepath.Join(opts.Dir, "host"), Audit: opts.Audit, PublishEndpoints: true,
 		})
 	})

@@ -23,6 +23,10 @@ const (
 	// HostServiceCIDR is the host cluster's service CIDR; local in the lab namespace so that
 	// stand-ins can bind ClusterIPs.
 	HostServiceCIDR = "10.97.0.0/16"
+	// HostServiceCIDR6 is the host cluster's IPv6 service CIDR: the host serves dual-stack
+	// Services (a GuestIngress's host Service with ips of both families). No route in the lab
+	// namespace: no stand-in serves host IPv6 ClusterIPs.
+	HostServiceCIDR6 = "fd00:10:97::/112"
 	// GuestServiceCIDR is the guest cluster's service CIDR. It has no route in the lab
 	// namespace: the guest apiserver cannot reach guest ClusterIPs, as in production.
 	GuestServiceCIDR = "10.96.0.0/16"

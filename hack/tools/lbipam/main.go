@@ -25,11 +25,12 @@ import (
 )
 
 func main() {
-	// As a cluster whose Helm values enable IPv4, L2 announcements and the BGP control plane
-	// configures the operator. LB-IPAM serves Services of class io.cilium/l2-announcer
+	// As a cluster whose Helm values enable IPv4 and IPv6, L2 announcements and the BGP
+	// control plane configures the operator. LB-IPAM serves Services of class io.cilium/l2-announcer
 	// (io.cilium/bgp-control-plane) only when L2 announcements (the BGP control plane) are
 	// enabled; with them off it leaves such Services alone.
 	option.Config.EnableIPv4 = true
+	option.Config.EnableIPv6 = true
 	option.Config.EnableL2Announcements = true
 	option.Config.EnableBGPControlPlane = true
 
