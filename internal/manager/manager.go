@@ -17,7 +17,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/utils/ptr"
@@ -30,6 +32,7 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
@@ -45,6 +48,11 @@ const Name = "guestnet-manager"
 type Options struct {
 	// WatchNamespace limits the manager to one namespace; all namespaces when empty.
 	WatchNamespace string
+	// InEveryNamespace are kinds cached in every namespace even when WatchNamespace is set:
+	// MetalLB's pools and advertisements, which live in MetalLB's namespace (a
+	// GuestIngress's, and the platform's that admission checks against). Only kinds the host
+	// serves: the cache asks the apiserver about each when it starts (AnnouncerKindsServed).
+	InEveryNamespace []client.Object
 	// WatchFilterValue limits the controllers to objects (and Clusters) labelled
 	// cluster.x-k8s.io/watch-filter=<value>; all objects when empty.
 	WatchFilterValue string
@@ -91,7 +99,7 @@ func (o Options) CacheOptions() ctrlcache.Options {
 	utilruntime.Must(err)
 	ours := labels.SelectorFromSet(labels.Set{ownership.ManagedByLabel: ownership.ManagedByValue})
 
-	return ctrlcache.Options{
+	opts := ctrlcache.Options{
 		DefaultNamespaces: namespaces,
 		SyncPeriod:        ptr.To(o.SyncPeriod),
 		DefaultTransform:  KeepOwnManagedFields,
@@ -110,6 +118,29 @@ func (o Options) CacheOptions() ctrlcache.Options {
 			&clusterv1.MachineDeployment{}: {Transform: ports.KeepInfrastructureRefOwners},
 		},
 	}
+	if o.WatchNamespace != "" {
+		for _, obj := range o.InEveryNamespace {
+			opts.ByObject[obj] = ctrlcache.ByObject{Namespaces: map[string]ctrlcache.Config{ctrlcache.AllNamespaces: {}}}
+		}
+	}
+	return opts
+}
+
+// AnnouncerKindsServed are MetalLB's kinds guestnet caches (ingress.MetalLB*GVK) when the
+// host apiserver serves them all, none otherwise: for Options.InEveryNamespace, looked up
+// once at start (a namespace-scoped manager started before MetalLB was installed caches
+// MetalLB's objects of its own namespace only: restart it).
+func AnnouncerKindsServed(mapper meta.RESTMapper) []client.Object {
+	var out []client.Object
+	for _, gvk := range []schema.GroupVersionKind{ingress.MetalLBPoolGVK, ingress.MetalLBL2AdvertisementGVK, ingress.MetalLBBGPAdvertisementGVK} {
+		if _, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			return nil
+		}
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		out = append(out, u)
+	}
+	return out
 }
 
 // ClientOptions are the options of the manager's client.
