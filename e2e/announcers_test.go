@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
@@ -186,7 +186,6 @@ func updateGuestIngress(t *testing.T, l *lab.Lab, gi *guestnetv1.GuestIngress, m
 	}
 }
 
-
 // waitForRoutes waits up to giTimeout for the router's paths for prefix to satisfy ok.
 func waitForRoutes(ctx context.Context, router *lab.BGPRouter, prefix string, ok func([]lab.BGPRoute) bool) ([]lab.BGPRoute, error) {
 	ctx, cancel := context.WithTimeout(ctx, giTimeout)
@@ -280,13 +279,17 @@ func TestGuestIngress_AnnouncedWithBGP(t *testing.T) {
 	})
 	t.Run("a community the policy does not list: refused, the route goes, the router never sees it", func(t *testing.T) {
 		g := NewWithT(t)
-		updateGuestIngress(t, l, gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.BGP.Communities.Standard = []string{"65535:666"} })
+		updateGuestIngress(t, l, gi, func(gi *guestnetv1.GuestIngress) {
+			gi.Spec.LoadBalancer.BGP.Communities.Standard = []string{"65535:666"}
+		})
 		g.Eventually(func() *metav1.Condition {
 			return conditions.Get(getGuestIngress(t, l, gi), guestnetv1.AdmittedCondition)
 		}).WithTimeout(giTimeout).Should(HaveField("Message", ContainSubstring("BGP community 65535:666 (it allows 65000:100)")))
 		_, err := waitForRoutes(ctx, router, prefix, func(r []lab.BGPRoute) bool { return len(r) == 0 })
 		g.Expect(err).NotTo(HaveOccurred())
-		updateGuestIngress(t, l, gi, func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.BGP.Communities.Standard = []string{"65000:100"} })
+		updateGuestIngress(t, l, gi, func(gi *guestnetv1.GuestIngress) {
+			gi.Spec.LoadBalancer.BGP.Communities.Standard = []string{"65000:100"}
+		})
 		routes, err := waitForRoutes(ctx, router, prefix, both)
 		g.Expect(err).NotTo(HaveOccurred())
 		for _, r := range routes {

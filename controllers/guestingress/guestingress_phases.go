@@ -165,7 +165,7 @@ type hostWorld struct {
 	// the MetalLB pools guestnet did not make.
 	announcers          []unstructured.Unstructured
 	foreignMetalLBPools []unstructured.Unstructured
-	policies   []guestnetv1.GuestIngressPolicy
+	policies            []guestnetv1.GuestIngressPolicy
 	// services are the host Services guestnet created (labelled so: the cache holds no
 	// other); hostServices the same, by their GuestIngress.
 	services     []corev1.Service

@@ -25,17 +25,17 @@ import (
 type Announcer string
 
 const (
-	// AnnouncerCiliumL2: Cilium LB-IPAM gives the IP from guestnet's CiliumLoadBalancerIPPool,
+	// AnnouncerCiliumL2 is Cilium's L2 announcer: Cilium LB-IPAM gives the IP from guestnet's CiliumLoadBalancerIPPool,
 	// a CiliumL2AnnouncementPolicy answers ARP/NDP for it (class io.cilium/l2-announcer).
 	AnnouncerCiliumL2 Announcer = "CiliumL2"
-	// AnnouncerCiliumBGP: Cilium LB-IPAM gives the IP, a CiliumBGPAdvertisement selecting only
+	// AnnouncerCiliumBGP is Cilium's BGP control plane: Cilium LB-IPAM gives the IP, a CiliumBGPAdvertisement selecting only
 	// the host Service makes the platform's BGP peers learn it (class io.cilium/bgp-control-plane).
 	AnnouncerCiliumBGP Announcer = "CiliumBGP"
-	// AnnouncerMetalLB: MetalLB gives the IP from guestnet's IPAddressPool and announces it
+	// AnnouncerMetalLB is MetalLB: it gives the IP from guestnet's IPAddressPool and announces it
 	// with the L2Advertisement and/or BGPAdvertisement the policy names (the class MetalLB
 	// serves, MetalLBPolicy.loadBalancerClass).
 	AnnouncerMetalLB Announcer = "MetalLB"
-	// AnnouncerOther: another class the policy admits; guestnet creates the Cilium pool and
+	// AnnouncerOther is someone else, for another class the policy admits; guestnet creates the Cilium pool and
 	// the Service, and someone else announces.
 	AnnouncerOther Announcer = "Other"
 )
@@ -64,13 +64,18 @@ const (
 	MetalLBAddressPoolAnnotation = "metallb.io/address-pool"
 )
 
-// NewBGPAdvertisement, NewMetalLBPool, NewMetalLBL2Advertisement and NewMetalLBBGPAdvertisement
-// return empty objects of those kinds to read into.
+// NewBGPAdvertisement returns an empty CiliumBGPAdvertisement to read into.
 func NewBGPAdvertisement() *unstructured.Unstructured { return newObject(BGPAdvertisementGVK) }
-func NewMetalLBPool() *unstructured.Unstructured      { return newObject(MetalLBPoolGVK) }
+
+// NewMetalLBPool returns an empty MetalLB IPAddressPool to read into.
+func NewMetalLBPool() *unstructured.Unstructured { return newObject(MetalLBPoolGVK) }
+
+// NewMetalLBL2Advertisement returns an empty MetalLB L2Advertisement to read into.
 func NewMetalLBL2Advertisement() *unstructured.Unstructured {
 	return newObject(MetalLBL2AdvertisementGVK)
 }
+
+// NewMetalLBBGPAdvertisement returns an empty MetalLB BGPAdvertisement to read into.
 func NewMetalLBBGPAdvertisement() *unstructured.Unstructured {
 	return newObject(MetalLBBGPAdvertisementGVK)
 }

@@ -108,7 +108,7 @@ func TestHostServiceFamiliesAreAlwaysExplicit(t *testing.T) {
 		want   []corev1.IPFamily
 		policy corev1.IPFamilyPolicy
 	}{
-		"one IPv4 address": {func(gi *guestnetv1.GuestIngress) {}, []corev1.IPFamily{"IPv4"}, corev1.IPFamilyPolicySingleStack},
+		"one IPv4 address": {func(*guestnetv1.GuestIngress) {}, []corev1.IPFamily{"IPv4"}, corev1.IPFamilyPolicySingleStack},
 		"one IPv6 address": {func(gi *guestnetv1.GuestIngress) { gi.Spec.LoadBalancer.IP = "2001:db8::1" }, []corev1.IPFamily{"IPv6"}, corev1.IPFamilyPolicySingleStack},
 		"IPv6 first, then IPv4": {func(gi *guestnetv1.GuestIngress) {
 			gi.Spec.LoadBalancer.IP, gi.Spec.LoadBalancer.IPs = "", []string{"2001:db8::1", "10.2.6.1"}

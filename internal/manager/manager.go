@@ -178,8 +178,9 @@ func KeepOwnManagedFields(in any) (any, error) {
 }
 
 // keepWorkerPodIdentity is the cache transform of worker virt-launcher pods: their name,
-// labels, phase and pod IPs, which node identity reads; not their spec (containers,
-// volumes: kilobytes per VM).
+// labels, phase and pod IPs, which node identity reads, and their node and readiness, which
+// a Local GuestIngress's endpoints need; not the rest of their spec (containers, volumes:
+// kilobytes per VM).
 func keepWorkerPodIdentity(in any) (any, error) {
 	p, ok := in.(*corev1.Pod)
 	if !ok {
@@ -191,8 +192,21 @@ func keepWorkerPodIdentity(in any) (any, error) {
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp, CreationTimestamp: p.CreationTimestamp,
 		},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+		// The host node and readiness: a host Service of externalTrafficPolicy Local gets its
+		// endpoints from guestnet (ingress.LocalEndpoints), each on its pod's node.
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs, Conditions: readyCondition(p)},
 	}, nil
+}
+
+// readyCondition is the pod's Ready condition alone (none when it has none).
+func readyCondition(p *corev1.Pod) []corev1.PodCondition {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return nil
 }
 
 // NodeAgentImage is the image of guestnet's node agent: image when set, else the manager's

@@ -52,7 +52,7 @@ func announcerViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestI
 	case ingress.AnnouncerMetalLB:
 		m := p.Spec.MetalLB
 		if m.L2Advertisement == nil && m.BGPAdvertisement == nil {
-			out = append(out, fmt.Sprintf("announcing with MetalLB (its metalLB names neither an l2Advertisement nor a bgpAdvertisement)"))
+			out = append(out, "announcing with MetalLB (its metalLB names neither an l2Advertisement nor a bgpAdvertisement)")
 		}
 		if m.BGPAdvertisement != nil {
 			allowed = m.BGPAdvertisement.Communities

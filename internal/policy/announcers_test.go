@@ -119,16 +119,22 @@ func TestAdmitAnnouncers(t *testing.T) {
 			}),
 			wantMsg: []string{"poolRef shared with MetalLB's class"}},
 		{name: "dual-stack fixed IPs: each within the policy's ranges of its family", wantRefuse: true,
-			policy: pol("p", func(p *guestnetv1.GuestIngressPolicy) { p.Spec.Addresses = []string{"10.98.0.0/16", "2001:db8:98::/64"} }),
+			policy: pol("p", func(p *guestnetv1.GuestIngressPolicy) {
+				p.Spec.Addresses = []string{"10.98.0.0/16", "2001:db8:98::/64"}
+			}),
 			gi: gi(func(g *guestnetv1.GuestIngress) {
 				g.Spec.LoadBalancer.IP, g.Spec.LoadBalancer.IPs = "", []string{"10.98.0.10", "2001:db8:99::10"}
 			}),
 			wantMsg: []string{"IP 2001:db8:99::10 (its addresses: 10.98.0.0/16, 2001:db8:98::/64)"}},
-		{name: "dual-stack fixed IPs within the policy", policy: pol("p", func(p *guestnetv1.GuestIngressPolicy) { p.Spec.Addresses = []string{"10.98.0.0/16", "2001:db8:98::/64"} }),
+		{name: "dual-stack fixed IPs within the policy", policy: pol("p", func(p *guestnetv1.GuestIngressPolicy) {
+			p.Spec.Addresses = []string{"10.98.0.0/16", "2001:db8:98::/64"}
+		}),
 			gi: gi(func(g *guestnetv1.GuestIngress) {
 				g.Spec.LoadBalancer.IP, g.Spec.LoadBalancer.IPs = "", []string{"10.98.0.10", "2001:db8:98::10"}
 			}),
-			check: func(g Gomega, d Decision) { g.Expect(d.Message).To(ContainSubstring("admits 10.98.0.10, 2001:db8:98::10")) }},
+			check: func(g Gomega, d Decision) {
+				g.Expect(d.Message).To(ContainSubstring("admits 10.98.0.10, 2001:db8:98::10"))
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,8 +181,10 @@ func TestHeldAnnouncersWithinAdmitted(t *testing.T) {
 		mutate     func(*unstructured.Unstructured, *guestnetv1.GuestIngressPolicy)
 		wantDelete string
 	}{
-		"as built":             {mutate: func(*unstructured.Unstructured, *guestnetv1.GuestIngressPolicy) {}},
-		"community now denied": {mutate: func(_ *unstructured.Unstructured, p *guestnetv1.GuestIngressPolicy) { p.Spec.BGPAdvertisement.Communities = nil }, wantDelete: "not admitted"},
+		"as built": {mutate: func(*unstructured.Unstructured, *guestnetv1.GuestIngressPolicy) {}},
+		"community now denied": {mutate: func(_ *unstructured.Unstructured, p *guestnetv1.GuestIngressPolicy) {
+			p.Spec.BGPAdvertisement.Communities = nil
+		}, wantDelete: "not admitted"},
 		"a community added by hand": {mutate: func(u *unstructured.Unstructured, _ *guestnetv1.GuestIngressPolicy) {
 			_ = unstructured.SetNestedField(u.Object, []any{map[string]any{"advertisementType": "Service", "service": map[string]any{"addresses": []any{"LoadBalancerIP"}},
 				"selector": ingress.ServiceSelector(g0), "attributes": map[string]any{"communities": map[string]any{"wellKnown": []any{"blackhole"}}}}}, "spec", "advertisements")

@@ -70,7 +70,7 @@ func (b bounds) ciliumBGPAdvertisement(held *unstructured.Unstructured) []string
 		if raw, ok, _ := unstructured.NestedMap(a, "attributes", "communities"); ok {
 			_ = runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &c)
 		}
-		if attrs, ok := a["attributes"].(map[string]any); ok && len(attrs) > 0 && !(len(attrs) == 1 && attrs["communities"] != nil) {
+		if attrs, ok := a["attributes"].(map[string]any); ok && len(attrs) > 0 && (len(attrs) != 1 || attrs["communities"] == nil) {
 			out = append(out, fmt.Sprintf("attributes of CiliumBGPAdvertisement %s other than communities", held.GetName()))
 		}
 		out = append(out, communityViolations(&c, p.Communities)...)
@@ -106,7 +106,7 @@ func (b bounds) metalLBObject(held *unstructured.Unstructured) []string {
 			}
 		}
 		want := ingress.MetalLBPool(b.gi, ingress.MetalLBAnnouncement{Policy: *m}).Object["spec"].(map[string]any)
-		if !equality.Semantic.DeepEqual(spec["serviceAllocation"], want["serviceAllocation"]) || spec["autoAssign"] != false {
+		if !equality.Semantic.DeepEqual(spec["serviceAllocation"], want["serviceAllocation"]) || spec["autoAssign"] != any(false) {
 			out = append(out, fmt.Sprintf("the serviceAllocation of %s, which does not admit Service %s/%s alone", name, b.gi.Namespace, hostnames.HostService(b.gi)))
 		}
 		return out
