@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	discoveryv1ac "k8s.io/client-go/applyconfigurations/discovery/v1"
@@ -152,7 +153,7 @@ func (r *Reconciler) applyEndpointSlices(ctx context.Context, s *scope) error {
 			continue
 		}
 		record.Written(ctx, r.recorder, gi, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,
-			Object: &discoveryv1.EndpointSlice{}, Note: fmt.Sprintf("Applied EndpointSlice %s of host Service %s: %d workers run the ingress controller",
+			Object: &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: gi.Namespace, Name: *desired.Name}}, Note: fmt.Sprintf("Applied EndpointSlice %s of host Service %s: %d workers run the ingress controller",
 				*desired.Name, hostnames.HostService(gi), len(desired.Endpoints))})
 	}
 	for name, have := range byName {

@@ -668,7 +668,7 @@ func (r *Reconciler) applyHostObjects(ctx context.Context, s *scope) (err error)
 	return nil
 }
 
-// ensureObject server-side applies desired (a cluster-scoped Cilium object) unless live is up
+// ensureObject server-side applies desired (a Cilium or MetalLB object) unless live is up
 // to date with it; with desired nil it deletes live (guestnet's object of that name), if any.
 func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live *unstructured.Unstructured) error {
 	if desired == nil {
@@ -686,8 +686,11 @@ func (r *Reconciler) ensureObject(ctx context.Context, s *scope, desired, live *
 	if err != nil {
 		return fmt.Errorf("applying %s %s: %w", desired.GetKind(), desired.GetName(), err)
 	}
-	kind := metrics.RepairPool
-	if desired.GetKind() != ingress.PoolGVK.Kind {
+	kind := metrics.RepairAnnouncer
+	switch desired.GroupVersionKind().GroupKind() {
+	case ingress.PoolGVK.GroupKind():
+		kind = metrics.RepairPool
+	case ingress.L2PolicyGVK.GroupKind():
 		kind = metrics.RepairL2Policy
 	}
 	record.Written(ctx, r.recorder, s.guestIngress, record.Write{Type: corev1.EventTypeNormal, Reason: eventApplied, Action: eventActionApply,

@@ -45,6 +45,9 @@ const (
 	RepairPool RepairKind = "Pool"
 	// RepairL2Policy: a GuestIngress's CiliumL2AnnouncementPolicy.
 	RepairL2Policy RepairKind = "L2Policy"
+	// RepairAnnouncer: a GuestIngress's CiliumBGPAdvertisement, or its MetalLB IPAddressPool,
+	// L2Advertisement or BGPAdvertisement.
+	RepairAnnouncer RepairKind = "Announcer"
 	// RepairGuestService: the guest ingress controller's Service (type, fixed nodePorts),
 	// e.g. after a reinstall of the ingress controller's chart.
 	RepairGuestService RepairKind = "GuestService"
@@ -64,7 +67,7 @@ const (
 
 // RepairKinds are all the values of label kind of guestnet_repairs_total.
 var RepairKinds = []RepairKind{
-	RepairHostService, RepairPool, RepairL2Policy, RepairGuestService,
+	RepairHostService, RepairPool, RepairL2Policy, RepairAnnouncer, RepairGuestService,
 	RepairBridgeHostService, RepairBridgeGuestService,
 	RepairAPIService, RepairMutatingWebhook, RepairValidatingWebhook, RepairBridgeRecord,
 }
