@@ -55,6 +55,21 @@ var (
 	MetalLBBGPAdvertisementGVK = schema.GroupVersionKind{Group: "metallb.io", Version: "v1beta1", Kind: "BGPAdvertisement"}
 )
 
+// BGPAdvertisementVersions are the versions of CiliumBGPAdvertisement guestnet writes, the
+// preferred first: v2 (Cilium 1.18 and later), v2alpha1 (1.16 and 1.17), whose schema holds
+// every field guestnet sets (advertisementType Service, service.addresses, selector,
+// attributes.communities standard, wellKnown and large).
+var BGPAdvertisementVersions = []string{"v2", "v2alpha1"}
+
+// UseBGPAdvertisementVersion makes guestnet read and write CiliumBGPAdvertisements in version
+// (one of BGPAdvertisementVersions), the one the host serves; called once, at start, before
+// any controller runs.
+func UseBGPAdvertisementVersion(version string) {
+	if slices.Contains(BGPAdvertisementVersions, version) {
+		BGPAdvertisementGVK.Version = version
+	}
+}
+
 // MetalLB's annotations on a Service (controller/service.go in MetalLB v0.16.1).
 const (
 	// MetalLBLoadBalancerIPsAnnotation requests fixed IPs, comma-separated, one per family.

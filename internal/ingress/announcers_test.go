@@ -196,3 +196,13 @@ func TestGuestServiceMustCarryClientAddressesAndFamilies(t *testing.T) {
 	g.Expect(GuestServiceKeepsNoClientAddress(local, svc)).To(BeEmpty())
 	g.Expect(GuestServiceMissesFamilies(local, svc)).To(BeEmpty())
 }
+
+func TestBGPAdvertisementInTheServedVersion(t *testing.T) {
+	g := NewWithT(t)
+	t.Cleanup(func() { UseBGPAdvertisementVersion("v2") })
+	UseBGPAdvertisementVersion("v2alpha1")
+	g.Expect(CiliumBGPAdvertisement(newGI(), BGPAnnouncement{}).GetAPIVersion()).To(Equal("cilium.io/v2alpha1"))
+	g.Expect(NewBGPAdvertisement().GetAPIVersion()).To(Equal("cilium.io/v2alpha1"))
+	UseBGPAdvertisementVersion("v3") // not one guestnet writes: ignored
+	g.Expect(BGPAdvertisementGVK.Version).To(Equal("v2alpha1"))
+}

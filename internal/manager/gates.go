@@ -3,8 +3,11 @@ package manager
 import (
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 )
 
@@ -22,10 +25,17 @@ type Gates struct {
 // SetupGates looks up the optional APIs with mgr's RESTMapper and adds the gates of those
 // that are missing to mgr, which looks for them every optional.DefaultInterval.
 func SetupGates(mgr ctrl.Manager) (Gates, error) {
+	// The CiliumBGPAdvertisement version this host serves, v2 when none (then the gate
+	// looks for v2).
+	if v := optional.ServedVersion(mgr.GetRESTMapper(), ingress.BGPAdvertisementGVK.GroupKind(), ingress.BGPAdvertisementVersions...); v != "" {
+		ingress.UseBGPAdvertisementVersion(v)
+	}
+	ciliumBGP := optional.CiliumBGP
+	ciliumBGP.Kinds = []schema.GroupVersionKind{ingress.BGPAdvertisementGVK}
 	g := Gates{
 		Cilium:    optional.NewGate(optional.CiliumLBIPAM, mgr.GetRESTMapper(), 0),
 		CAPK:      optional.NewGate(optional.CAPK, mgr.GetRESTMapper(), 0),
-		CiliumBGP: optional.NewGate(optional.CiliumBGP, mgr.GetRESTMapper(), 0),
+		CiliumBGP: optional.NewGate(ciliumBGP, mgr.GetRESTMapper(), 0),
 		MetalLB:   optional.NewGate(optional.MetalLB, mgr.GetRESTMapper(), 0),
 	}
 	for _, gate := range []*optional.Gate{g.Cilium, g.CAPK, g.CiliumBGP, g.MetalLB} {

@@ -26,13 +26,14 @@ var (
 		Kinds:   []schema.GroupVersionKind{ports.KubevirtMachineTemplateGVK},
 		Install: "install Cluster API Provider KubeVirt (clusterctl init --infrastructure kubevirt)",
 	}
-	// CiliumBGP is the BGP control plane's v2 API, which a GuestIngress of Cilium's BGP class
-	// needs for its CiliumBGPAdvertisement. Without it such a GuestIngress reports
-	// HostObjectRejected with this gate's message; the others work.
+	// CiliumBGP is the BGP control plane's API, which a GuestIngress of Cilium's BGP class
+	// needs for its CiliumBGPAdvertisement (CiliumBGP returns it for the version in use).
+	// Without it such a GuestIngress reports HostObjectRejected with the gate's message; the
+	// others work.
 	CiliumBGP = API{
 		Name:    "Cilium BGP control plane",
 		Kinds:   []schema.GroupVersionKind{ingress.BGPAdvertisementGVK},
-		Install: "enable Cilium's BGP control plane in the host cluster (Cilium 1.18 or later serves ciliumbgpadvertisements.cilium.io as v2)",
+		Install: "enable Cilium's BGP control plane in the host cluster (ciliumbgpadvertisements.cilium.io: v2 since Cilium 1.18, v2alpha1 in 1.16 and 1.17)",
 	}
 	// MetalLB is MetalLB's API, which a GuestIngress of MetalLB's class needs for its
 	// IPAddressPool and advertisements.

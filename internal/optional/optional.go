@@ -154,3 +154,15 @@ func (g *Gate) NeedLeaderElection() bool { return false }
 // IsMissing reports whether err says that the apiserver does not serve the kind read or
 // written (an optional API not installed): there is no such object.
 func IsMissing(err error) bool { return meta.IsNoMatchError(err) }
+
+// ServedVersion is the first of versions in which the host serves gk, "" when it serves none
+// of them (a CRD's served versions change between releases: Cilium serves
+// CiliumBGPAdvertisement as v2alpha1 in 1.16 and 1.17, v2 from 1.18 on).
+func ServedVersion(mapper meta.RESTMapper, gk schema.GroupKind, versions ...string) string {
+	for _, v := range versions {
+		if _, err := mapper.RESTMapping(gk, v); err == nil {
+			return v
+		}
+	}
+	return ""
+}

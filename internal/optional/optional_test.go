@@ -99,3 +99,23 @@ func TestIsMissing(t *testing.T) {
 	g.Expect(IsMissing(err)).To(BeTrue())
 	g.Expect(IsMissing(nil)).To(BeFalse())
 }
+
+// A host of Cilium 1.16 or 1.17 serves CiliumBGPAdvertisement as v2alpha1 only: guestnet
+// takes the first version the host serves.
+func TestServedVersion(t *testing.T) {
+	gk := schema.GroupKind{Group: "cilium.io", Kind: "CiliumBGPAdvertisement"}
+	old := meta.NewDefaultRESTMapper(nil)
+	old.Add(gk.WithVersion("v2alpha1"), meta.RESTScopeRoot)
+	if v := ServedVersion(old, gk, "v2", "v2alpha1"); v != "v2alpha1" {
+		t.Fatalf("Cilium 1.17: got %q, want v2alpha1", v)
+	}
+	both := meta.NewDefaultRESTMapper(nil)
+	both.Add(gk.WithVersion("v2alpha1"), meta.RESTScopeRoot)
+	both.Add(gk.WithVersion("v2"), meta.RESTScopeRoot)
+	if v := ServedVersion(both, gk, "v2", "v2alpha1"); v != "v2" {
+		t.Fatalf("Cilium 1.20: got %q, want v2", v)
+	}
+	if v := ServedVersion(meta.NewDefaultRESTMapper(nil), gk, "v2", "v2alpha1"); v != "" {
+		t.Fatalf("no Cilium: got %q, want none", v)
+	}
+}
