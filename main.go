@@ -20,8 +20,6 @@ import (
 	_ "k8s.io/component-base/logs/json/register"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -226,26 +224,13 @@ func newManager(restConfig *rest.Config, opts *options) (ctrl.Manager, error) {
 		HealthProbeBindAddress: opts.healthAddr,
 		PprofBindAddress:       opts.profilerAddress,
 		Metrics:                *metricsOptions,
-		Cache:                  cacheOptions(restConfig, opts.wiring),
+		Cache:                  opts.wiring.CacheOptionsFor(restConfig),
 		Client:                 manager.ClientOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 	return mgr, nil
-}
-
-// cacheOptions are o's cache options; a namespace-scoped manager also caches MetalLB's kinds
-// in every namespace when the host serves them (they live in MetalLB's namespace).
-func cacheOptions(restConfig *rest.Config, o manager.Options) ctrlcache.Options {
-	if o.WatchNamespace != "" {
-		if httpClient, err := rest.HTTPClientFor(restConfig); err == nil {
-			if mapper, err := apiutil.NewDynamicRESTMapper(restConfig, httpClient); err == nil {
-				o.InEveryNamespace = manager.AnnouncerKindsServed(mapper)
-			}
-		}
-	}
-	return o.CacheOptions()
 }
 
 // setupReconcilers registers the guestnet controllers on mgr, and the experimental ones whose

@@ -96,7 +96,7 @@ func RunManagerAs(ctx context.Context, _ *Lab, hostConfig *rest.Config, opts man
 		Logger:                  logger,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  "0",
-		Cache:                   opts.CacheOptions(),
+		Cache:                   opts.CacheOptionsFor(restConfig),
 		Client:                  manager.ClientOptions(),
 		Controller:              config.Controller{SkipNameValidation: ptr.To(true)},
 		GracefulShutdownTimeout: ptr.To(10 * time.Second),

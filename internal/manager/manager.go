@@ -22,10 +22,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -124,6 +126,20 @@ func (o Options) CacheOptions() ctrlcache.Options {
 		}
 	}
 	return opts
+}
+
+// CacheOptionsFor is CacheOptions for the host restConfig talks to: a namespace-scoped
+// manager also caches MetalLB's kinds in every namespace when the host serves them (they live
+// in MetalLB's namespace). main and the lab's in-process managers both build their cache here.
+func (o Options) CacheOptionsFor(restConfig *rest.Config) ctrlcache.Options {
+	if o.WatchNamespace != "" {
+		if httpClient, err := rest.HTTPClientFor(restConfig); err == nil {
+			if mapper, err := apiutil.NewDynamicRESTMapper(restConfig, httpClient); err == nil {
+				o.InEveryNamespace = AnnouncerKindsServed(mapper)
+			}
+		}
+	}
+	return o.CacheOptions()
 }
 
 // AnnouncerKindsServed are MetalLB's kinds guestnet caches (ingress.MetalLB*GVK) when the
