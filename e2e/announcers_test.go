@@ -72,14 +72,14 @@ func TestGuestIngress_AnnouncedByMetalLB(t *testing.T) {
 	g.Expect(c.Create(ctx, policy)).To(Succeed())
 	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
 
-	gc := createIngressCluster(t, l, ns, "tenant-a", 31080, 31443)
-	addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.62.11", 31080, 31443)
+	gc := createIngressCluster(t, l, ns, "tenant-a", 31084, 31444)
+	addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.62.11", 31084, 31444)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
 	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	const ip = "10.98.162.10"
 	prefix := ip + "/32"
-	gi := newGuestIngress(ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31080), ptr.To[int32](31443))
+	gi := newGuestIngress(ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31084), ptr.To[int32](31444))
 	gi.Spec.LoadBalancer.L2 = nil
 	gi.Spec.LoadBalancer.Class = lab.MetalLBClass
 	gi.Spec.LoadBalancer.BGP = &guestnetv1.BGPAnnouncementSpec{Communities: &guestnetv1.BGPCommunities{Standard: []string{"4259840100"}}} // 65000:100
@@ -247,14 +247,14 @@ func TestGuestIngress_AnnouncedWithBGP(t *testing.T) {
 	g.Expect(c.Create(ctx, policy)).To(Succeed())
 	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
 
-	gc := createIngressCluster(t, l, ns, "tenant-a", 31080, 31443)
-	addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.63.11", 31080, 31443)
+	gc := createIngressCluster(t, l, ns, "tenant-a", 31085, 31445)
+	addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.63.11", 31085, 31445)
 	guestSvc := createContourService(t, l, uniqueName("projectcontour"), corev1.ServiceTypeClusterIP, nil)
 	l.StartManagerBinary(t, lab.ManagerFlags{Namespace: ns})
 
 	const ip = "10.98.163.10"
 	prefix := ip + "/32"
-	gi := newGuestIngress(ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31080), ptr.To[int32](31443))
+	gi := newGuestIngress(ns, "web", gc.Name, guestSvc, ip, ptr.To[int32](31085), ptr.To[int32](31445))
 	gi.Spec.LoadBalancer.L2 = nil
 	gi.Spec.LoadBalancer.Class = ingress.CiliumBGPClass
 	gi.Spec.LoadBalancer.BGP = &guestnetv1.BGPAnnouncementSpec{Communities: &guestnetv1.BGPCommunities{Standard: []string{"65000:100"}}}

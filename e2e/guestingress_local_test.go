@@ -51,7 +51,7 @@ func TestGuestIngress_ClientSourceIPWithLocalTraffic(t *testing.T) {
 	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
 	startCiliumStandIn(t, l)
 
-	const nodePort = 31480
+	const nodePort = 31491
 	gc := createIngressCluster(t, l, ns, "tenant-a", nodePort)
 	a := addWorker(t, l, gc, ns+"-md-0-a", "10.244.64.1", lab.DualStack(), lab.OnHostNode("host-node-1"))
 	b := addWorker(t, l, gc, ns+"-md-0-b", "10.244.64.2", lab.DualStack(), lab.OnHostNode("host-node-2"))
@@ -62,6 +62,9 @@ func TestGuestIngress_ClientSourceIPWithLocalTraffic(t *testing.T) {
 	}
 	guestNS := uniqueName("projectcontour")
 	g.Expect(l.Guest.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guestNS}})).To(Succeed())
+	t.Cleanup(func() { // the guest is every test's: its nodePort goes with the Service
+		_ = l.Guest.Client.Delete(context.Background(), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: guestNS, Name: "envoy"}})
+	})
 	guestSvc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: guestNS, Name: "envoy"},
 		Spec: corev1.ServiceSpec{

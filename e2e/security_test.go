@@ -110,7 +110,8 @@ func TestSecurity_TenantAttacksGetNothingOnTheHost(t *testing.T) {
 			lb.IP, lb.CIDRs = "", []string{"10.98.80.16/29"}
 		}, message: "while a pool of the platform selects its host Service and could hand it out", never: victim},
 		{name: "traffic-local", mutate: func(lb *guestnetv1.LoadBalancerSpec) {
-			lb.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			// Local needs a BGP or MetalLB class (the CRD refuses it with Cilium's L2 one).
+			lb.ExternalTrafficPolicy, lb.Class, lb.L2 = corev1.ServiceExternalTrafficPolicyLocal, "io.cilium/bgp-control-plane", nil
 		},
 			message: "externalTrafficPolicy Local (it allows Cluster; Local opens a health-check nodePort on every host node)"},
 	}

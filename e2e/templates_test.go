@@ -378,8 +378,12 @@ loadBalancer:
     nodeSelector:
       matchLabels: {node-role.kubernetes.io/worker: ""}
       matchExpressions: [{key: zone, operator: In, values: [a, b]}]
-  class: io.cilium/l2-announcer
+  class: io.cilium/bgp-control-plane
   externalTrafficPolicy: Local
+  ipFamilies: [IPv4]
+  bgp:
+    communities: {standard: ["65000:100"], wellKnown: [no-export], large: ["64512:1:100"]}
+    advertisementLabels: {upstream: transit}
   annotations: {a: b}
   labels: {c: d}`, bridge: `
 apiServices: {names: [v1beta1.metrics.k8s.io], selector: {matchLabels: {a: b}}}
@@ -389,6 +393,9 @@ nodePortRange: {start: 32752, size: 16}
 mode: Always`},
 		{name: "minimal", wantCAPI: true, wantCRD: true, ingress: svc + "\nloadBalancer: {poolRef: {name: shared}}", bridge: `apiServices: {names: [v1beta1.metrics.k8s.io]}`},
 		{name: "IPv6 ip inside IPv6 cidrs", wantCAPI: true, wantCRD: true, ingress: svc + "\nloadBalancer: {ip: 'fd00::10', cidrs: ['fd00::/120']}"},
+		{name: "dual-stack ips", wantCAPI: true, wantCRD: true, ingress: svc + "\nloadBalancer: {ips: ['10.2.6.220', 'fd00::10'], class: io.cilium/bgp-control-plane}"},
+		{name: "Local with Cilium's L2 announcer", ingress: svc + "\nloadBalancer: {ip: 10.2.6.220, externalTrafficPolicy: Local}"},
+		{name: "ip and ips", ingress: svc + "\nloadBalancer: {ip: 10.2.6.220, ips: ['fd00::10']}"},
 
 		{name: "loadBalancer without ip, cidrs or poolRef", ingress: svc + "\nloadBalancer: {class: x}"},
 		{name: "cidrs and poolRef", ingress: svc + "\nloadBalancer: {cidrs: [10.0.0.0/29], poolRef: {name: p}}"},

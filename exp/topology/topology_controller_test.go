@@ -273,7 +273,7 @@ func TestTopologyInvalidValueChangesNothing(t *testing.T) {
 		"webhookBridge": bridgeValue,
 	}))
 	e.eventuallyEvent(cluster, corev1.EventTypeWarning, topology.ReasonVariableInvalid,
-		"guestnet.ingress is not a valid GuestIngress spec: ", "loadBalancer needs ip, cidrs or poolRef", "no GuestIngress is created until it is fixed")
+		"guestnet.ingress is not a valid GuestIngress spec: ", "loadBalancer needs ip, ips, cidrs or poolRef", "no GuestIngress is created until it is fixed")
 	e.eventuallyBridge(cluster, func(Gomega, *guestnetv1.GuestWebhookBridge) {})
 	e.expectAbsent(&guestnetv1.GuestIngress{}, "tenant-a")
 
