@@ -257,12 +257,7 @@ func (r *Reconciler) watchAnnouncer(mgr ctrl.Manager, c controller.Controller, g
 		if !installedLater {
 			return nil
 		}
-		return c.Watch(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
-			for _, req := range r.allGuestIngresses(ctx, nil) {
-				q.Add(req)
-			}
-			return nil
-		}))
+		return r.reconcileEveryGuestIngress(c)
 	}
 }
 
@@ -283,13 +278,19 @@ func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func
 		if !installedLater {
 			return nil
 		}
-		return c.Watch(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
-			for _, req := range r.allGuestIngresses(ctx, nil) {
-				q.Add(req)
-			}
-			return nil
-		}))
+		return r.reconcileEveryGuestIngress(c)
 	}
+}
+
+// reconcileEveryGuestIngress makes c reconcile every GuestIngress once: an optional API that
+// came after the manager started lets those that reported it missing build their chain.
+func (r *Reconciler) reconcileEveryGuestIngress(c controller.Controller) error {
+	return c.Watch(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+		for _, req := range r.allGuestIngresses(ctx, nil) {
+			q.Add(req)
+		}
+		return nil
+	}))
 }
 
 // Own objects: read them, write status, hold the finalizer until the host objects are gone.
