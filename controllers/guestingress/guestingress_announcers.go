@@ -239,18 +239,13 @@ func (r *Reconciler) listAnnouncers(ctx context.Context) ([]unstructured.Unstruc
 	return out, nil
 }
 
-// metalLBPools are every MetalLB IPAddressPool the cache holds of guestnet's marked ones and
-// the platform's: admission refuses a claim that overlaps one not made for it (MetalLB
-// refuses its whole configuration when two pools overlap).
+// metalLBPools are every MetalLB IPAddressPool, guestnet's and the platform's: admission
+// refuses a claim that overlaps one not made for it (MetalLB refuses its whole configuration
+// when two pools overlap).
 func (w *hostWorld) metalLBPools() []*unstructured.Unstructured {
-	var out []*unstructured.Unstructured
-	for i := range w.foreignMetalLBPools {
-		out = append(out, &w.foreignMetalLBPools[i])
-	}
-	for i := range w.announcers {
-		if w.announcers[i].GroupVersionKind().GroupKind() == ingress.MetalLBPoolGVK.GroupKind() {
-			out = append(out, &w.announcers[i])
-		}
+	out := make([]*unstructured.Unstructured, len(w.allMetalLBPools))
+	for i := range w.allMetalLBPools {
+		out[i] = &w.allMetalLBPools[i]
 	}
 	return out
 }
@@ -266,11 +261,5 @@ func (r *Reconciler) listMetalLBPools(ctx context.Context) ([]unstructured.Unstr
 	if err := r.Client.List(ctx, list, readOnly); err != nil && !optional.IsMissing(err) {
 		return nil, fmt.Errorf("listing MetalLB IPAddressPools: %w", err)
 	}
-	var out []unstructured.Unstructured
-	for _, p := range list.Items {
-		if p.GetLabels()[ownership.ManagedByLabel] != ownership.ManagedByValue {
-			out = append(out, p)
-		}
-	}
-	return out, nil
+	return list.Items, nil
 }

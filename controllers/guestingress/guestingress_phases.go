@@ -161,11 +161,11 @@ type hostWorld struct {
 	pools          []unstructured.Unstructured
 	poolsByName    map[string]*unstructured.Unstructured
 	l2Policies     []unstructured.Unstructured
-	// announcers are guestnet's BGP and MetalLB objects (listAnnouncers); foreignMetalLBPools
-	// the MetalLB pools guestnet did not make.
-	announcers          []unstructured.Unstructured
-	foreignMetalLBPools []unstructured.Unstructured
-	policies            []guestnetv1.GuestIngressPolicy
+	// announcers are guestnet's BGP and MetalLB objects (listAnnouncers); allMetalLBPools
+	// every MetalLB pool, guestnet's and the platform's.
+	announcers      []unstructured.Unstructured
+	allMetalLBPools []unstructured.Unstructured
+	policies        []guestnetv1.GuestIngressPolicy
 	// services are the host Services guestnet created (labelled so: the cache holds no
 	// other); hostServices the same, by their GuestIngress.
 	services     []corev1.Service
@@ -203,7 +203,7 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	if w.announcers, err = r.listAnnouncers(ctx); err != nil {
 		return nil, err
 	}
-	if w.foreignMetalLBPools, err = r.listMetalLBPools(ctx); err != nil {
+	if w.allMetalLBPools, err = r.listMetalLBPools(ctx); err != nil {
 		return nil, err
 	}
 	policies := &guestnetv1.GuestIngressPolicyList{}

@@ -3,6 +3,7 @@ package ingress
 import (
 	"cmp"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -111,7 +112,7 @@ func HostEndpointSlices(gi *guestnetv1.GuestIngress, nodePorts map[string]int32,
 		}
 		for _, e := range endpoints {
 			for _, ip := range e.IPs {
-				if isIPv6(ip) != (family == corev1.IPv6Protocol) {
+				if strings.Contains(ip, ":") != (family == corev1.IPv6Protocol) {
 					continue
 				}
 				ep := discoveryv1ac.Endpoint().WithAddresses(ip).
@@ -126,15 +127,6 @@ func HostEndpointSlices(gi *guestnetv1.GuestIngress, nodePorts map[string]int32,
 		out = append(out, slice)
 	}
 	return out
-}
-
-func isIPv6(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == ':' {
-			return true
-		}
-	}
-	return false
 }
 
 // controllerRef makes gi the controller of a host object (the garbage collector deletes the

@@ -147,6 +147,7 @@ func setHostFields(gi *guestnetv1.GuestIngress, r *Result) {
 
 func setGuestServiceStatus(gi *guestnetv1.GuestIngress, p *Plan, r *Result) {
 	gi.Status.Ports = StatusPorts(gi, p, r.HostService)
+	noClientAddress, missingFamilies := GuestServiceKeepsNoClientAddress(gi, r.GuestService), GuestServiceMissesFamilies(gi, r.GuestService)
 	switch {
 	case r.GuestService == nil:
 		SetGuestServiceNotFound(gi)
@@ -158,12 +159,10 @@ func setGuestServiceStatus(gi *guestnetv1.GuestIngress, p *Plan, r *Result) {
 		SetGuestServiceRejected(gi, r.GuestRefused)
 	case len(p.MissingPorts) > 0:
 		SetGuestServicePortNotFound(gi, r.GuestService, p.MissingPorts)
-	case GuestServiceKeepsNoClientAddress(gi, r.GuestService) != "":
-		set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceTrafficPolicyReason,
-			GuestServiceKeepsNoClientAddress(gi, r.GuestService))
-	case GuestServiceMissesFamilies(gi, r.GuestService) != "":
-		set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceFamiliesReason,
-			GuestServiceMissesFamilies(gi, r.GuestService))
+	case noClientAddress != "":
+		set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceTrafficPolicyReason, noClientAddress)
+	case missingFamilies != "":
+		set(gi, guestnetv1.GuestServiceReadyCondition, metav1.ConditionFalse, guestnetv1.GuestServiceFamiliesReason, missingFamilies)
 	default:
 		SetGuestServiceReady(gi, p.Ports)
 	}
