@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,7 +35,6 @@ func TestGuestIngress_AnnouncedByMetalLB(t *testing.T) {
 	ctx := testContext(t)
 	c := l.Host.Client
 	ns := uniqueName("mlb")
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{lab.NoLabPolicyLabel: "true"}}})).To(Succeed())
 
 	m, err := l.StartMetalLB(ctx, lab.MetalLBOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -69,8 +67,7 @@ func TestGuestIngress_AnnouncedByMetalLB(t *testing.T) {
 			HostService: guestnetv1.HostServicePolicy{ExternalTrafficPolicies: []corev1.ServiceExternalTrafficPolicy{"Cluster", "Local"}},
 		},
 	}
-	g.Expect(c.Create(ctx, policy)).To(Succeed())
-	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
+	createOwnPolicy(t, l, ns, policy)
 
 	gc := createIngressCluster(t, l, ns, "tenant-a", 31084, 31444)
 	addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.62.11", 31084, 31444)
@@ -141,14 +138,7 @@ func TestGuestIngress_AnnouncedByMetalLB(t *testing.T) {
 			return len(r) == len(m.Speakers) && len(r[0].Communities) == 0
 		})
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			p := &guestnetv1.GuestIngressPolicy{}
-			if err := c.Get(ctx, client.ObjectKeyFromObject(policy), p); err != nil {
-				return err
-			}
-			p.Spec.MetalLB.BGPAdvertisement = nil
-			return c.Update(ctx, p)
-		})).To(Succeed())
+		g.Expect(updatePolicy(ctx, c, policy, func(p *guestnetv1.GuestIngressPolicy) { p.Spec.MetalLB.BGPAdvertisement = nil })).To(Succeed())
 		_, err = waitForRoutes(ctx, router, prefix, func(r []lab.BGPRoute) bool { return len(r) == 0 })
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Eventually(func() bool {
@@ -173,17 +163,23 @@ func TestGuestIngress_AnnouncedByMetalLB(t *testing.T) {
 // updateGuestIngress changes the GuestIngress's spec, retrying on conflicts.
 func updateGuestIngress(t *testing.T, l *lab.Lab, gi *guestnetv1.GuestIngress, mutate func(*guestnetv1.GuestIngress)) {
 	t.Helper()
-	ctx := testContext(t)
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &guestnetv1.GuestIngress{}
-		if err := l.Host.Client.Get(ctx, client.ObjectKeyFromObject(gi), got); err != nil {
-			return err
-		}
-		mutate(got)
-		return l.Host.Client.Update(ctx, got)
-	}); err != nil {
+	if err := update(testContext(t), l.Host.Client, gi, func() *guestnetv1.GuestIngress { return &guestnetv1.GuestIngress{} }, mutate); err != nil {
 		t.Fatalf("updating GuestIngress: %v", err)
 	}
+}
+
+// createOwnPolicy creates namespace ns, out of the lab-wide policy's reach, and policy, its
+// own, which goes with the test.
+func createOwnPolicy(t *testing.T, l *lab.Lab, ns string, policy *guestnetv1.GuestIngressPolicy) {
+	t.Helper()
+	ctx, c := testContext(t), l.Host.Client
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{lab.NoLabPolicyLabel: "true"}}}); err != nil {
+		t.Fatalf("creating namespace %s: %v", ns, err)
+	}
+	if err := c.Create(ctx, policy); err != nil {
+		t.Fatalf("creating GuestIngressPolicy %s: %v", policy.Name, err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
 }
 
 // waitForRoutes waits up to giTimeout for the router's paths for prefix to satisfy ok.
@@ -205,7 +201,6 @@ func TestGuestIngress_AnnouncedWithBGP(t *testing.T) {
 	ctx := testContext(t)
 	c := l.Host.Client
 	ns := uniqueName("bgp-gi")
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{lab.NoLabPolicyLabel: "true"}}})).To(Succeed())
 	startCiliumStandIn(t, l)
 
 	const node1, node2 = "10.244.0.181", "10.244.0.182"
@@ -244,8 +239,7 @@ func TestGuestIngress_AnnouncedWithBGP(t *testing.T) {
 			},
 		},
 	}
-	g.Expect(c.Create(ctx, policy)).To(Succeed())
-	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
+	createOwnPolicy(t, l, ns, policy)
 
 	gc := createIngressCluster(t, l, ns, "tenant-a", 31085, 31445)
 	addEnvoyWorker(t, l, gc, ns+"-md-0-a", "10.244.63.11", 31085, 31445)

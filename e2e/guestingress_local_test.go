@@ -36,7 +36,6 @@ func TestGuestIngress_ClientSourceIPWithLocalTraffic(t *testing.T) {
 	ctx := testContext(t)
 	c := l.Host.Client
 	ns := uniqueName("local")
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{lab.NoLabPolicyLabel: "true"}}})).To(Succeed())
 	policy := &guestnetv1.GuestIngressPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "local-" + ns},
 		Spec: guestnetv1.GuestIngressPolicySpec{
@@ -47,8 +46,7 @@ func TestGuestIngress_ClientSourceIPWithLocalTraffic(t *testing.T) {
 			HostService:         guestnetv1.HostServicePolicy{ExternalTrafficPolicies: []corev1.ServiceExternalTrafficPolicy{"Cluster", "Local"}},
 		},
 	}
-	g.Expect(c.Create(ctx, policy)).To(Succeed())
-	t.Cleanup(func() { _ = c.Delete(context.Background(), policy) })
+	createOwnPolicy(t, l, ns, policy)
 	startCiliumStandIn(t, l)
 
 	const nodePort = 31491
