@@ -412,13 +412,7 @@ func (r *ciliumBGPReconciler) addServicePaths(ctx context.Context, paths map[[2]
 		}
 		for i := range services {
 			svc := &services[i]
-			set := labels.Set{ciliumServiceNameKey: svc.Name, ciliumServiceNamespaceKey: svc.Namespace}
-			for k, v := range svc.Labels {
-				set[k] = v
-			}
-			// Cilium (serviceLabelSet) sets the pseudo-labels after the Service's own.
-			set[ciliumServiceNameKey], set[ciliumServiceNamespaceKey] = svc.Name, svc.Namespace
-			if !sel.Matches(set) || svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+			if !sel.Matches(ciliumServiceLabels(svc)) || svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 				continue
 			}
 			if class := svc.Spec.LoadBalancerClass; class != nil && *class != ciliumBGPControlPlaneClass {

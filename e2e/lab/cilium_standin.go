@@ -193,11 +193,20 @@ func serviceSelected(obj *unstructured.Unstructured, svc *corev1.Service) bool {
 	if !found {
 		return true
 	}
-	set := labels.Set{ciliumServiceNamespaceKey: svc.Namespace, ciliumServiceNameKey: svc.Name}
+	return selectorMatches(raw, ciliumServiceLabels(svc))
+}
+
+// ciliumServiceLabels are the labels Cilium matches a Service selector against: the Service's
+// own and the pseudo-labels of its namespace and name, set last so that no label of the
+// Service hides them (serviceLabelSet in v1.20.2's pkg/bgp/manager/reconciler/service.go;
+// LB-IPAM and the L2 announcer add them the same way).
+func ciliumServiceLabels(svc *corev1.Service) labels.Set {
+	set := labels.Set{}
 	for k, v := range svc.Labels {
 		set[k] = v
 	}
-	return selectorMatches(raw, set)
+	set[ciliumServiceNamespaceKey], set[ciliumServiceNameKey] = svc.Namespace, svc.Name
+	return set
 }
 
 func selectorMatches(raw map[string]any, set labels.Set) bool {
