@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -122,3 +124,22 @@ func (s *slogLogger) Debug(msg string, f log.Fields) {
 }
 func (s *slogLogger) SetLevel(level log.LogLevel) { s.level = level }
 func (s *slogLogger) GetLevel() log.LogLevel      { return s.level }
+
+// checkIdentity checks the flags both subcommands share: a specific --address, an --asn and
+// an --api-socket; an empty --router-id (routerID) becomes the address when it is IPv4.
+func checkIdentity(address string, asn uint, socket string, routerID *string) (netip.Addr, error) {
+	addr, err := netip.ParseAddr(address)
+	if err != nil || addr.IsUnspecified() {
+		return netip.Addr{}, fmt.Errorf("--address must be a specific address, got %q", address)
+	}
+	if asn == 0 || socket == "" {
+		return netip.Addr{}, fmt.Errorf("--asn and --api-socket are required")
+	}
+	if *routerID == "" {
+		if !addr.Is4() {
+			return netip.Addr{}, fmt.Errorf("--router-id is required with an IPv6 --address")
+		}
+		*routerID = addr.String()
+	}
+	return addr, nil
+}

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,18 +51,9 @@ func runRouter(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addr, err := netip.ParseAddr(*address)
-	if err != nil || addr.IsUnspecified() {
-		return fmt.Errorf("--address must be a specific address, got %q", *address)
-	}
-	if *asn == 0 || *socket == "" {
-		return fmt.Errorf("--asn and --api-socket are required")
-	}
-	if *routerID == "" {
-		if !addr.Is4() {
-			return fmt.Errorf("--router-id is required with an IPv6 --address")
-		}
-		*routerID = addr.String()
+	addr, err := checkIdentity(*address, *asn, *socket, routerID)
+	if err != nil {
+		return err
 	}
 
 	ctx := context.Background()

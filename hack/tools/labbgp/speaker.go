@@ -60,18 +60,9 @@ func runSpeaker(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addr, err := netip.ParseAddr(*address)
-	if err != nil || addr.IsUnspecified() {
-		return fmt.Errorf("--address must be a specific address, got %q", *address)
-	}
-	if *asn == 0 || *socket == "" {
-		return fmt.Errorf("--asn and --api-socket are required")
-	}
-	if *routerID == "" {
-		if !addr.Is4() {
-			return fmt.Errorf("--router-id is required with an IPv6 --address")
-		}
-		*routerID = addr.String()
+	addr, err := checkIdentity(*address, *asn, *socket, routerID)
+	if err != nil {
+		return err
 	}
 	// ListenPort -1: the speaker only connects out, as Cilium's agent by default (its
 	// CiliumBGPNodeConfig localPort unset).
