@@ -43,17 +43,16 @@ func (r *Reconciler) gateOf(obj *unstructured.Unstructured) *optional.Gate {
 // announcer its policy chose needs an API the host does not serve.
 func (r *Reconciler) observeAnnouncers(ctx context.Context, o *ingress.Observed) error {
 	gi, a := o.GuestIngress, o.Admission
-	kinds := ingress.AnnouncerKinds()
 	needed, err := ingress.BuildAnnouncers(gi, a)
 	if err != nil {
 		needed = ingress.AnnouncerObjects{}
 	}
 	namespace := a.MetalLB.MetalLBNamespace()
-	for i, pair := range kinds.Pairs(needed) {
-		kind, want := pair[0], pair[1]
+	wanted, slots := needed.List(), o.Announcers.Slots()
+	for i, kind := range ingress.AnnouncerKinds().List() {
 		gate := r.gateOf(kind)
 		if !gate.Installed() {
-			if want != nil && o.MissingAPI == "" {
+			if wanted[i] != nil && o.MissingAPI == "" {
 				o.MissingAPI = gate.Message()
 			}
 			continue
@@ -66,35 +65,22 @@ func (r *Reconciler) observeAnnouncers(ctx context.Context, o *ingress.Observed)
 		if err != nil {
 			return err
 		}
-		if foreign != "" && want != nil && o.Foreign == "" {
+		if foreign != "" && wanted[i] != nil && o.Foreign == "" {
 			o.Foreign = foreign
 		}
 		if live != nil {
-			setAnnouncer(&o.Announcers, i, live.(*unstructured.Unstructured))
+			*slots[i] = live.(*unstructured.Unstructured)
 		}
 	}
 	return nil
 }
 
-// setAnnouncer sets the i-th kind of AnnouncerObjects.Pairs.
-func setAnnouncer(a *ingress.AnnouncerObjects, i int, obj *unstructured.Unstructured) {
-	switch i {
-	case 0:
-		a.MetalLBPool = obj
-	case 1:
-		a.MetalLBL2Advertisement = obj
-	case 2:
-		a.MetalLBBGPAdvertisement = obj
-	default:
-		a.CiliumBGPAdvertisement = obj
-	}
-}
-
 // applyAnnouncers applies the announcer objects of the plan and deletes guestnet's that it no
 // longer needs (the pool first, what advertises it after).
 func (r *Reconciler) applyAnnouncers(ctx context.Context, s *scope) error {
-	for _, pair := range s.plan.Announcers.Pairs(s.observed.Announcers) {
-		if err := r.ensureObject(ctx, s, pair[0], pair[1]); err != nil {
+	live := s.observed.Announcers.List()
+	for i, desired := range s.plan.Announcers.List() {
+		if err := r.ensureObject(ctx, s, desired, live[i]); err != nil {
 			return err
 		}
 	}
@@ -190,12 +176,12 @@ func sliceUpToDate(desired *discoveryv1ac.EndpointSliceApplyConfiguration, have 
 func (r *Reconciler) deleteAnnouncers(ctx context.Context, s *scope, eventType, reason, why string) error {
 	gi := s.guestIngress
 	var errs []error
-	for _, kind := range ingress.AnnouncerKinds().Pairs(ingress.AnnouncerObjects{}) {
-		if !r.gateOf(kind[0]).Installed() {
+	for _, kind := range ingress.AnnouncerKinds().List() {
+		if !r.gateOf(kind).Installed() {
 			continue
 		}
 		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(kind[0].GroupVersionKind().GroupVersion().WithKind(kind[0].GetKind() + "List"))
+		list.SetGroupVersionKind(kind.GroupVersionKind().GroupVersion().WithKind(kind.GetKind() + "List"))
 		if err := r.APIReader.List(ctx, list, client.MatchingLabels(ownership.SelectGuestIngress(gi))); err != nil {
 			if !optional.IsMissing(err) {
 				errs = append(errs, err)
@@ -222,17 +208,17 @@ func isLocalPlan(s *scope) bool {
 // that is gone or another one. The cache's own objects: never change them.
 func (r *Reconciler) listAnnouncers(ctx context.Context) ([]unstructured.Unstructured, error) {
 	var out []unstructured.Unstructured
-	for _, kind := range ingress.AnnouncerKinds().Pairs(ingress.AnnouncerObjects{}) {
-		if !r.gateOf(kind[0]).Installed() {
+	for _, kind := range ingress.AnnouncerKinds().List() {
+		if !r.gateOf(kind).Installed() {
 			continue
 		}
 		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(kind[0].GroupVersionKind().GroupVersion().WithKind(kind[0].GetKind() + "List"))
+		list.SetGroupVersionKind(kind.GroupVersionKind().GroupVersion().WithKind(kind.GetKind() + "List"))
 		if err := r.Client.List(ctx, list, readOnly, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
 			if optional.IsMissing(err) {
 				continue
 			}
-			return nil, fmt.Errorf("listing %ss: %w", kind[0].GetKind(), err)
+			return nil, fmt.Errorf("listing %ss: %w", kind.GetKind(), err)
 		}
 		out = append(out, list.Items...)
 	}

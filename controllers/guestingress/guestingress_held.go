@@ -76,12 +76,10 @@ func (r *Reconciler) reconcileHeld(ctx context.Context, s *scope) error {
 	if o.L2Policy, err = cut(ctx, r, s, o.L2Policy, ex.L2Policy, reason); err != nil {
 		errs = append(errs, err)
 	}
-	for i, pair := range o.Announcers.Pairs(ingress.AnnouncerObjects{}) {
-		left, err := cut(ctx, r, s, pair[0], ex.Announcers[i], reason)
-		if err != nil {
+	for i, slot := range o.Announcers.Slots() {
+		if *slot, err = cut(ctx, r, s, *slot, ex.Announcers[i], reason); err != nil {
 			errs = append(errs, err)
 		}
-		setAnnouncer(&o.Announcers, i, left)
 	}
 	s.revoked = !ex.None()
 	for _, obj := range []**unstructured.Unstructured{&o.Pool, &o.L2Policy} {

@@ -426,15 +426,20 @@ type AnnouncerObjects struct {
 	MetalLBBGPAdvertisement *unstructured.Unstructured
 }
 
-// Pairs lists, in the order they are applied (a MetalLB pool before what advertises it), each
-// kind's object of a with that of b.
-func (a AnnouncerObjects) Pairs(b AnnouncerObjects) [][2]*unstructured.Unstructured {
-	return [][2]*unstructured.Unstructured{
-		{a.MetalLBPool, b.MetalLBPool},
-		{a.MetalLBL2Advertisement, b.MetalLBL2Advertisement},
-		{a.MetalLBBGPAdvertisement, b.MetalLBBGPAdvertisement},
-		{a.CiliumBGPAdvertisement, b.CiliumBGPAdvertisement},
+// Slots are the four kinds' fields of a, in the order they are applied (a MetalLB pool before
+// what advertises it): one order for everything that goes through them kind by kind.
+func (a *AnnouncerObjects) Slots() []**unstructured.Unstructured {
+	return []**unstructured.Unstructured{&a.MetalLBPool, &a.MetalLBL2Advertisement, &a.MetalLBBGPAdvertisement, &a.CiliumBGPAdvertisement}
+}
+
+// List is a's objects in the order of Slots (nil for a kind it has none of).
+func (a AnnouncerObjects) List() []*unstructured.Unstructured {
+	slots := a.Slots()
+	out := make([]*unstructured.Unstructured, len(slots))
+	for i, slot := range slots {
+		out[i] = *slot
 	}
+	return out
 }
 
 // AnnouncerKinds are the announcers' kinds, each with an empty object to read into.

@@ -61,7 +61,7 @@ type Excess struct {
 	HostService Cut[*corev1.Service]
 	Pool        Cut[*unstructured.Unstructured]
 	L2Policy    Cut[*unstructured.Unstructured]
-	// Announcers are the cuts of Held.Announcers, in the order of AnnouncerObjects.Pairs.
+	// Announcers are the cuts of Held.Announcers, in the order of AnnouncerObjects.Slots.
 	Announcers []Cut[*unstructured.Unstructured]
 }
 
@@ -106,15 +106,15 @@ func HeldBeyondAdmitted(in Input, d Decision, held Held) Excess {
 			Pool:        deleteIf[*unstructured.Unstructured](held.Pool != nil, why),
 			L2Policy:    deleteIf[*unstructured.Unstructured](held.L2Policy != nil, why),
 		}
-		for _, pair := range held.Announcers.Pairs(ingress.AnnouncerObjects{}) {
-			e.Announcers = append(e.Announcers, deleteIf[*unstructured.Unstructured](pair[0] != nil, why))
+		for _, obj := range held.Announcers.List() {
+			e.Announcers = append(e.Announcers, deleteIf[*unstructured.Unstructured](obj != nil, why))
 		}
 		return e
 	}
 	b := newBounds(in, p)
 	var e Excess
-	for _, pair := range held.Announcers.Pairs(ingress.AnnouncerObjects{}) {
-		e.Announcers = append(e.Announcers, b.announcerCut(pair[0]))
+	for _, obj := range held.Announcers.List() {
+		e.Announcers = append(e.Announcers, b.announcerCut(obj))
 	}
 	if held.Pool != nil {
 		e.Pool = b.pool(held.Pool)
