@@ -32,6 +32,8 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestcache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
@@ -260,37 +262,31 @@ func keepOnlyKubeconfigData(in any) (any, error) {
 	return in, nil
 }
 
-// SetupClusterCache sets up CAPI's ClusterCache on mgr, whose options must come from
-// CacheOptions and ClientOptions: the ClusterCache reads the kubeconfig Secrets from the
-// manager's cache, through guestnet's check (kubeconfig.SecretReader: a tenant can write
-// them), and its "not connected" says why when the check refused the Secret
-// (kubeconfig.ClusterCache).
+// SetupClusterCache sets up guestnet's guest connections (internal/guestcache, which
+// implements CAPI's ClusterCache interface) on mgr, whose options must come from
+// CacheOptions and ClientOptions: they read the kubeconfig Secrets from the manager's cache,
+// through guestnet's check (kubeconfig.SecretReader: a tenant can write them), and their
+// "not connected" says why when the check refused the Secret (kubeconfig.ClusterCache).
 func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (clustercache.ClusterCache, error) {
 	// The manager's cache holds only the Cluster Secrets (see CacheOptions), and the Clusters.
 	secrets := kubeconfig.SecretReader{Reader: mgr.GetCache()}
-	clusterCache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
+	guests, err := guestcache.SetupWithManager(ctx, mgr, guestcache.Options{
 		SecretClient:     secrets,
 		WatchFilterValue: o.WatchFilterValue,
-		Cache: clustercache.CacheOptions{
-			// Only what guestnet reads of each guest object (managedFields: it server-side
-			// applies the guest ingress controller's Service). clusterscope.GuestClient
-			// caps how many objects of a guest are cached at all (internal/guestbounds).
-			DefaultTransform: KeepWhatGuestnetReads,
-		},
-		Client: clustercache.ClientOptions{
-			QPS:       o.ClusterCacheClientQPS,
-			Burst:     o.ClusterCacheClientBurst,
-			UserAgent: Name,
-			Cache: clustercache.ClientCacheOptions{
-				// Never cache all Secrets and ConfigMaps of a guest cluster.
-				DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
-			},
-		},
+		// Only what guestnet reads of each guest object (managedFields: it server-side
+		// applies the guest ingress controller's Service). clusterscope.GuestClient caps how
+		// many objects of a guest are cached at all (internal/guestbounds).
+		Transform: KeepWhatGuestnetReads,
+		// Never cache all Secrets and ConfigMaps of a guest cluster.
+		DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
+		UserAgent:  Name,
+		QPS:        o.ClusterCacheClientQPS,
+		Burst:      o.ClusterCacheClientBurst,
 	}, Concurrency(o.ClusterCacheConcurrency))
 	if err != nil {
-		return nil, fmt.Errorf("setting up ClusterCache: %w", err)
+		return nil, fmt.Errorf("setting up the guest connections: %w", err)
 	}
-	return kubeconfig.ClusterCache(clusterCache, secrets), nil
+	return kubeconfig.ClusterCache(guests, secrets), nil
 }
 
 // Concurrency returns the options of a controller that reconciles n objects at once.

@@ -1,0 +1,116 @@
+package scale_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+)
+
+const (
+	// memoryGuests guest clusters are connected for the memory guard.
+	memoryGuests = 20
+	// maxHeapPerGuestCluster bounds the manager's live heap per connected guest cluster (its
+	// connection, the informers of the four kinds guestnet watches in a guest it exposes and
+	// bridges, and what they cache of a guest holding only what a new apiserver holds). It
+	// is a count of bytes after a forced GC, not a time: it does not depend on the machine's
+	// speed. Measured 2026-12-04 (docs/performance.md): CAPI's ClusterCache 340 KiB,
+	// internal/guestcache about 100 KiB.
+	maxHeapPerGuestCluster = 160 << 10
+)
+
+// The manager's live heap grows by a bounded amount per guest cluster it connects to
+// (issue 21: a hosting provider plans with it; `make bench` measures the RSS at N=1,000).
+// Connecting is what the manager's guest access costs whatever its controllers do: the test
+// runs the guest access alone (no controllers), connects to memoryGuests guests of the lab's
+// guest apiserver, and starts the informers guestnet's controllers start in each.
+//
+// It runs first in the package (file order), while the lab's guest holds only what a new
+// apiserver holds, so that what each informer caches is the same on every run.
+func TestScale_MemoryPerGuestCluster(t *testing.T) {
+	l := shared.Get(t)
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	var guests clustercache.ClusterCache
+	_, stop, err := lab.RunManager(ctx, l, manager.Options{}, func(_ context.Context, _ ctrl.Manager, cc clustercache.ClusterCache, _ manager.Options) error {
+		guests = cc
+		return nil
+	}, logr.Discard())
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { g.Expect(stop()).To(Succeed()) }()
+
+	// The base: the manager up, its host caches synced, no guest cluster yet.
+	time.Sleep(2 * time.Second)
+	base := liveHeap()
+
+	keys := make([]client.ObjectKey, memoryGuests)
+	for i := range keys {
+		gc, err := l.CreateGuestCluster(ctx, fmt.Sprintf("memory-%02d", i), "tenant", lab.WorkerTemplateOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		keys[i] = client.ObjectKey{Namespace: gc.Namespace, Name: gc.Name}
+	}
+	// The next tests count the requests of a manager of their own: it must find no Cluster
+	// of this one.
+	defer func() {
+		for _, key := range keys {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: key.Namespace}}
+			g.Expect(client.IgnoreNotFound(l.Host.Client.Delete(ctx, ns))).To(Succeed())
+		}
+	}()
+	for _, key := range keys {
+		var guest client.Client
+		g.Eventually(func() error {
+			guest, err = guests.GetClient(ctx, key)
+			return err
+		}, time.Minute, 100*time.Millisecond).Should(Succeed(), "connecting to %s", key)
+		// A list through the cached client starts the kind's informer, as a controller's
+		// watch does.
+		for _, list := range []client.ObjectList{
+			&corev1.ServiceList{},
+			&admissionregistrationv1.ValidatingWebhookConfigurationList{},
+			&admissionregistrationv1.MutatingWebhookConfigurationList{},
+			&apiregistrationv1.APIServiceList{},
+		} {
+			g.Expect(guest.List(ctx, list)).To(Succeed(), "listing %T of %s", list, key)
+		}
+	}
+	perGuest := (liveHeap() - base) / memoryGuests
+	if path := os.Getenv("SCALE_HEAP_PROFILE"); path != "" {
+		// For docs/performance.md's breakdown: `go tool pprof -sample_index=inuse_space`.
+		f, err := os.Create(path)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(pprof.Lookup("heap").WriteTo(f, 0)).To(Succeed())
+		g.Expect(f.Close()).To(Succeed())
+	}
+	t.Logf("live heap per guest cluster: %d KiB (base %d KiB, %d guests)", perGuest>>10, base>>10, memoryGuests)
+	g.Expect(perGuest).To(BeNumerically("<=", maxHeapPerGuestCluster),
+		"the manager's live heap per guest cluster (docs/performance.md, \"Memory per guest cluster\")")
+}
+
+// liveHeap is the process's live heap in bytes after a full collection.
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}

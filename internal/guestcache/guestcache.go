@@ -1,0 +1,332 @@
+// Package guestcache is guestnet's access to the guest apiserver of each Cluster: a cached
+// client, a live client and the watches guestnet's controllers add, per guest; a health probe
+// that drops a connection which stopped answering and connects anew; and the events that
+// bring a controller's objects back when their guest connects or goes away. It implements
+// Cluster API's clustercache.ClusterCache interface, with the same behaviour for guestnet's
+// controllers (connect once the Cluster's infrastructure is provisioned, retry a failed
+// connect after an interval, probe `/` every 10 s, drop after 5 failures or at once on
+// Unauthorized, watches that live as long as the connection), at a fraction of its memory
+// per guest: no discovery when connecting (guestMapper), one HTTP/2 connection per guest
+// where CAPI's opens two, no compressed watch streams.
+// docs/decisions/0010-guest-connections.md says why guestnet does not use CAPI's.
+package guestcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util/predicates"
+)
+
+// Options configure the guest connections.
+type Options struct {
+	// SecretClient reads the <cluster>-kubeconfig Secrets (kubeconfig.SecretReader: only
+	// what guestnet checked).
+	SecretClient client.Reader
+	// WatchFilterValue limits the Clusters connected to to those with this watch filter label.
+	WatchFilterValue string
+	// Transform is applied to every object a guest's cache stores.
+	Transform toolscache.TransformFunc
+	// DisableFor are the kinds the cached client reads live, never cached.
+	DisableFor []client.Object
+	// UserAgent, QPS and Burst of each guest's clients (QPS 20 and Burst 30 when 0).
+	UserAgent string
+	QPS       float32
+	Burst     int
+	// Timeout of each request but the caches' lists and watches (10 s when 0).
+	Timeout time.Duration
+}
+
+// Defaults of what CAPI's ClusterCache fixes too (sigs.k8s.io/cluster-api v1.14.2,
+// controllers/clustercache: buildClusterAccessorConfig).
+const (
+	defaultConnectRetryInterval = 30 * time.Second
+	healthProbeInterval         = 10 * time.Second
+	healthProbeTimeout          = 5 * time.Second
+	healthProbeFailureThreshold = 5
+	initialSyncTimeout          = 5 * time.Minute
+	// listWatchTimeout bounds a cache's list without cutting its watches short: client-go
+	// ends a watch after 5 to 10 minutes (reflector's minWatchTimeout).
+	listWatchTimeout = 11 * time.Minute
+	// requeueAfterError is when a Cluster that could not be read is tried again.
+	requeueAfterError = 10 * time.Second
+)
+
+// Cache holds the connection to the guest apiserver of each provisioned Cluster.
+type Cache struct {
+	clusters client.Reader
+	scheme   *runtime.Scheme
+	opts     Options
+
+	// ctx is the lifetime of every guest's cache (Shutdown ends it).
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu            sync.Mutex
+	guests        map[client.ObjectKey]*guest
+	retryInterval time.Duration
+
+	sourcesMu sync.Mutex
+	sources   []chan event.GenericEvent
+}
+
+var _ clustercache.ClusterCache = &Cache{}
+
+// SetupWithManager creates the Cache and the controller that connects to the guest of each
+// Cluster, probes it and disconnects when the Cluster goes.
+func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options, controllerOpts controller.Options) (*Cache, error) {
+	if opts.SecretClient == nil || opts.UserAgent == "" {
+		return nil, errors.New("guestcache: SecretClient and UserAgent must be set")
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.QPS == 0 {
+		opts.QPS = 20
+	}
+	if opts.Burst == 0 {
+		opts.Burst = 30
+	}
+	cacheCtx, cancel := context.WithCancel(context.Background())
+	c := &Cache{
+		clusters: mgr.GetClient(), scheme: mgr.GetScheme(), opts: opts,
+		ctx: cacheCtx, cancel: cancel,
+		guests: map[client.ObjectKey]*guest{}, retryInterval: defaultConnectRetryInterval,
+	}
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named("guestcache").
+		For(&clusterv1.Cluster{}).
+		WithOptions(controllerOpts).
+		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), ctrl.LoggerFrom(ctx), opts.WatchFilterValue)).
+		Complete(c)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("setting up the guest connections' controller: %w", err)
+	}
+	return c, nil
+}
+
+// Reconcile connects to the Cluster's guest once its infrastructure is provisioned (not
+// sooner than the retry interval after a failed try), probes a connected guest every
+// healthProbeInterval, drops its connection after healthProbeFailureThreshold failed probes
+// in a row or one Unauthorized answer (a rotated kubeconfig: it connects again at once),
+// and drops it when the Cluster is gone. Each connect and disconnect is an event for every
+// controller's GetClusterSource.
+func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	cluster := &clusterv1.Cluster{}
+	if err := c.clusters.Get(ctx, req.NamespacedName, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.forget(ctx, req.NamespacedName)
+			return reconcile.Result{}, nil
+		}
+		log.Error(err, "Reading the Cluster")
+		return reconcile.Result{RequeueAfter: requeueAfterError}, nil
+	}
+	g := c.guestFor(req.NamespacedName)
+	if cluster.Status.Initialization.InfrastructureProvisioned == nil || !*cluster.Status.Initialization.InfrastructureProvisioned {
+		return reconcile.Result{}, nil // the Cluster's update brings it back
+	}
+
+	now := time.Now()
+	if !g.connected() {
+		if wait := g.lastConnectFailure().Add(c.connectRetryInterval()).Sub(now); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		if err := g.connect(ctx, c); err != nil {
+			log.Error(err, "Connect failed")
+			return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
+		}
+		log.Info("Connected")
+		c.send(cluster)
+		return reconcile.Result{RequeueAfter: healthProbeInterval}, nil
+	}
+
+	if wait := g.state().LastProbeTime.Add(healthProbeInterval).Sub(now); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	switch err := g.probe(ctx); {
+	case err == nil:
+		return reconcile.Result{RequeueAfter: healthProbeInterval}, nil
+	case apierrors.IsUnauthorized(err):
+		log.Info("Disconnected: the guest apiserver no longer accepts the credentials", "error", err.Error())
+		g.disconnect()
+		c.send(cluster)
+		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
+	case g.state().ConsecutiveFailures >= healthProbeFailureThreshold:
+		log.Info("Disconnected: the guest apiserver did not answer the health probe", "failures", healthProbeFailureThreshold, "error", err.Error())
+		g.disconnect()
+		c.send(cluster)
+		return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
+	default:
+		return reconcile.Result{RequeueAfter: healthProbeInterval}, nil
+	}
+}
+
+// forget disconnects from a Cluster that is gone and tells the controllers.
+func (c *Cache) forget(ctx context.Context, key client.ObjectKey) {
+	c.mu.Lock()
+	g := c.guests[key]
+	delete(c.guests, key)
+	c.mu.Unlock()
+	if g != nil && g.connected() {
+		g.disconnect()
+		ctrl.LoggerFrom(ctx).Info("Disconnected: the Cluster is gone")
+		gone := &clusterv1.Cluster{}
+		gone.Namespace, gone.Name = key.Namespace, key.Name
+		c.send(gone)
+	}
+}
+
+func (c *Cache) guestFor(key client.ObjectKey) *guest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g := c.guests[key]
+	if g == nil {
+		g = &guest{key: key}
+		c.guests[key] = g
+	}
+	return g
+}
+
+func (c *Cache) guest(key client.ObjectKey) *guest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.guests[key]
+}
+
+func (c *Cache) connectRetryInterval() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.retryInterval
+}
+
+// SetConnectionCreationRetryInterval changes the 30 s wait before a failed connect is tried
+// again (the lab's controller tests shorten it).
+func (c *Cache) SetConnectionCreationRetryInterval(interval time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retryInterval = interval
+}
+
+// Shutdown stops every guest's cache (tests).
+func (c *Cache) Shutdown() { c.cancel() }
+
+// connection returns the guest's connection, or ErrClusterNotConnected saying what for.
+func (c *Cache) connection(cluster client.ObjectKey, what string) (*connection, error) {
+	if g := c.guest(cluster); g != nil {
+		if conn := g.current(); conn != nil {
+			return conn, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s of %s", clustercache.ErrClusterNotConnected, what, cluster)
+}
+
+// GetClient returns the guest's client whose reads come from its cache.
+func (c *Cache) GetClient(_ context.Context, cluster client.ObjectKey) (client.Client, error) {
+	conn, err := c.connection(cluster, "client")
+	if err != nil {
+		return nil, err
+	}
+	return conn.cached, nil
+}
+
+// GetReader returns the guest's cached client as a reader.
+func (c *Cache) GetReader(ctx context.Context, cluster client.ObjectKey) (client.Reader, error) {
+	return c.GetClient(ctx, cluster)
+}
+
+// GetUncachedClient returns the guest's client that reads from its apiserver.
+func (c *Cache) GetUncachedClient(_ context.Context, cluster client.ObjectKey) (client.Client, error) {
+	conn, err := c.connection(cluster, "uncached client")
+	if err != nil {
+		return nil, err
+	}
+	return conn.uncached, nil
+}
+
+// GetRESTConfig returns a copy of the REST config the guest's clients use.
+func (c *Cache) GetRESTConfig(_ context.Context, cluster client.ObjectKey) (*rest.Config, error) {
+	conn, err := c.connection(cluster, "REST config")
+	if err != nil {
+		return nil, err
+	}
+	return rest.CopyConfig(conn.restConfig), nil
+}
+
+// Watch adds watcher to the guest's cache once per connection (by its name); a new
+// connection starts without any, and the controllers add theirs again on its connect event.
+func (c *Cache) Watch(ctx context.Context, cluster client.ObjectKey, watcher clustercache.Watcher) error {
+	if watcher.Name() == "" {
+		return errors.New("guestcache: a watch needs a name")
+	}
+	g := c.guest(cluster)
+	if g == nil {
+		return fmt.Errorf("%w: watch %s", clustercache.ErrClusterNotConnected, watcher.Name())
+	}
+	return g.watch(ctx, watcher)
+}
+
+// GetHealthCheckingState returns the guest's health probe state.
+func (c *Cache) GetHealthCheckingState(_ context.Context, cluster client.ObjectKey) clustercache.HealthCheckingState {
+	if g := c.guest(cluster); g != nil {
+		return g.state()
+	}
+	return clustercache.HealthCheckingState{}
+}
+
+// GetClusterSource returns a source of the Clusters whose guest connected or disconnected,
+// mapped to requests by mapFunc. CAPI's WatchForProbeFailure option is not supported: no
+// guestnet controller needs an event for a probe that fails without a disconnect.
+func (c *Cache) GetClusterSource(_ string, mapFunc func(ctx context.Context, cluster client.Object) []ctrl.Request, opts ...clustercache.GetClusterSourceOption) source.Source {
+	if len(opts) > 0 {
+		panic("guestcache: GetClusterSource takes no options")
+	}
+	ch := make(chan event.GenericEvent)
+	c.sourcesMu.Lock()
+	c.sources = append(c.sources, ch)
+	c.sourcesMu.Unlock()
+	return source.Channel(ch, handler.EnqueueRequestsFromMapFunc(mapFunc))
+}
+
+// send tells every source that cluster's guest connected or disconnected.
+func (c *Cache) send(cluster *clusterv1.Cluster) {
+	c.sourcesMu.Lock()
+	defer c.sourcesMu.Unlock()
+	for _, ch := range c.sources {
+		select {
+		case ch <- event.GenericEvent{Object: cluster}:
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+// cacheOptions are the options of conn's cache: what every guest's cache stores, through
+// conn's mapper and transport.
+func (c *Cache) cacheOptions(conn *connection) ctrlcache.Options {
+	return ctrlcache.Options{
+		HTTPClient:       conn.listWatchHTTP,
+		Scheme:           c.scheme,
+		Mapper:           conn.mapper,
+		DefaultTransform: c.opts.Transform,
+	}
+}
