@@ -64,7 +64,7 @@ type options struct {
 	kubeAPIQPS   float32
 	kubeAPIBurst int
 
-	// wiring: namespace, watch filter, sync period, concurrency and ClusterCache clients.
+	// wiring: namespace, watch filter, sync period, concurrency and guest clients.
 	wiring manager.Options
 }
 
@@ -120,11 +120,11 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 	fs.DurationVar(&guestbounds.Default.RecheckEvery, "guest-recount-period", guestbounds.DefaultRecheckEvery,
 		"How often guestnet counts again the objects of a guest cluster that was within --guest-max-objects (a guest over it is counted every minute).")
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
-		"Number of clusters the ClusterCache connects to and health-checks simultaneously.")
+		"Number of guest clusters guestnet connects to and health-checks simultaneously (the names are those of CAPI's ClusterCache flags).")
 	fs.Float32Var(&o.wiring.ClusterCacheClientQPS, "clustercache-client-qps", 20,
-		"Maximum queries per second from the ClusterCache clients to each guest cluster's API server.")
+		"Maximum queries per second from guestnet's clients to each guest cluster's API server.")
 	fs.IntVar(&o.wiring.ClusterCacheClientBurst, "clustercache-client-burst", 30,
-		"Maximum burst of queries from the ClusterCache clients to each guest cluster's API server.")
+		"Maximum burst of queries from guestnet's clients to each guest cluster's API server.")
 }
 
 func main() {

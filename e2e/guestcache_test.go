@@ -11,7 +11,7 @@ import (
 )
 
 // guestnet maps the built-in kinds it reads in a guest without asking the guest's discovery
-// (internal/guestcache, docs/decisions/0010-guest-connections.md): what it knows must be
+// (internal/guestcache, docs/decisions/0013-guest-connections.md): what it knows must be
 // what a real apiserver serves, resource name and scope.
 func TestGuestConnections_BuiltinKindsAreWhatTheApiserverServes(t *testing.T) {
 	l := startLab(t)

@@ -36,7 +36,7 @@ func GetCluster(ctx context.Context, c client.Reader, namespace, name string) (*
 }
 
 // IsProvisioned reports whether the Cluster's infrastructure is provisioned: before that
-// there is no guest apiserver, and CAPI's ClusterCache does not even try to connect.
+// there is no guest apiserver, and the guest connections (internal/guestcache) do not even try.
 func IsProvisioned(cluster *clusterv1.Cluster) bool {
 	return cluster != nil && ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false)
 }

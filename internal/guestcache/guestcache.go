@@ -8,7 +8,7 @@
 // Unauthorized, watches that live as long as the connection), at a fraction of its memory
 // per guest: no discovery when connecting (guestMapper), one HTTP/2 connection per guest
 // where CAPI's opens two, no compressed watch streams.
-// docs/decisions/0010-guest-connections.md says why guestnet does not use CAPI's.
+// docs/decisions/0013-guest-connections.md says why guestnet does not use CAPI's.
 package guestcache
 
 import (

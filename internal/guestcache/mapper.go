@@ -90,7 +90,7 @@ var builtinMapper = func() meta.RESTMapper {
 // kind outside builtinKinds was first asked for (e.g. cilium.io/v2 CiliumNode). CAPI's
 // ClusterCache instead fills a mapper per guest from the guest's whole aggregated discovery
 // when it connects: every group and resource the guest serves, about 0.4 MiB per guest,
-// of which guestnet uses a dozen kinds (docs/decisions/0010-guest-connections.md).
+// of which guestnet uses a dozen kinds (docs/decisions/0013-guest-connections.md).
 type guestMapper struct {
 	discovery discovery.DiscoveryInterface
 

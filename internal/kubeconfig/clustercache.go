@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 )
 
-// ClusterCache wraps CAPI's ClusterCache, whose SecretClient is secrets, so that its
+// ClusterCache wraps the guest connections (a clustercache.ClusterCache: internal/guestcache), whose SecretClient is secrets, so that its
 // clustercache.ErrClusterNotConnected says why when the reason is a refused kubeconfig: the
 // ClusterCache only logs why a connection failed, and its reconciler may not even have tried
 // yet when a guestnet controller asks. The error then wraps both ErrClusterNotConnected (so
@@ -65,7 +65,7 @@ func (c *explainingClusterCache) Watch(ctx context.Context, cluster client.Objec
 	return c.explain(ctx, cluster, c.ClusterCache.Watch(ctx, cluster, watcher))
 }
 
-// SetConnectionCreationRetryInterval passes on to CAPI's ClusterCache (the lab shortens the
+// SetConnectionCreationRetryInterval passes on to the guest connections (the lab shortens the
 // 30 s retry of the controller packages' tests with it).
 func (c *explainingClusterCache) SetConnectionCreationRetryInterval(interval time.Duration) {
 	if s, ok := c.ClusterCache.(interface{ SetConnectionCreationRetryInterval(time.Duration) }); ok {
@@ -73,7 +73,7 @@ func (c *explainingClusterCache) SetConnectionCreationRetryInterval(interval tim
 	}
 }
 
-// Shutdown passes on to CAPI's ClusterCache (tests stop the per-cluster caches with it).
+// Shutdown passes on to the guest connections (tests stop the per-cluster caches with it).
 func (c *explainingClusterCache) Shutdown() {
 	if s, ok := c.ClusterCache.(interface{ Shutdown() }); ok {
 		s.Shutdown()

@@ -1,6 +1,6 @@
 // Package manager holds the options of guestnet's controller-runtime manager and what it
-// caches: the cache and client options and CAPI's ClusterCache (one client and cache per guest
-// cluster, built from the <cluster>-kubeconfig Secret). It registers no controller: main.go
+// caches: the cache and client options and the guest connections (internal/guestcache: one
+// client and cache per guest cluster, built from the <cluster>-kubeconfig Secret). It registers no controller: main.go
 // does. The manager binary and the controller packages' lab tests (e2e/lab.StartManager)
 // share it, so those tests cache what the binary caches.
 package manager
@@ -47,7 +47,7 @@ import (
 const Name = "guestnet-manager"
 
 // Options are the settings of the manager (main.go sets them from its flags). Zero values are
-// usable: every concurrency then is 1, the ClusterCache clients use CAPI's default QPS and
+// usable: every concurrency then is 1, the guest clients use CAPI's default QPS and
 // burst, and nothing is resynced periodically.
 type Options struct {
 	// WatchNamespace limits the manager to one namespace; all namespaces when empty.
@@ -75,8 +75,8 @@ type Options struct {
 	// controller (exp/topology), registered only with the ClusterTopologyVariables gate.
 	TopologyVariablesConcurrency int
 
-	// ClusterCacheConcurrency is the number of clusters the ClusterCache connects to and
-	// health-checks simultaneously.
+	// ClusterCacheConcurrency is the number of guest clusters connected to and
+	// health-checked simultaneously (internal/guestcache).
 	ClusterCacheConcurrency int
 	// ClusterCacheClientQPS and ClusterCacheClientBurst limit each guest apiserver's client.
 	ClusterCacheClientQPS   float32
@@ -87,7 +87,7 @@ type Options struct {
 // no managed fields but guestnet's own (see KeepOwnManagedFields; on MachineDeployments also
 // who owns the infrastructureRef, ports.KeepInfrastructureRefOwners), only the Secrets that
 // belong to a Cluster (label cluster.x-k8s.io/cluster-name, as CAPI's own manager does) with
-// their data dropped unless they are the <cluster>-kubeconfig Secrets the ClusterCache needs,
+// their data dropped unless they are the <cluster>-kubeconfig Secrets the guest connections need,
 // and only the Services and EndpointSlices guestnet created (label
 // app.kubernetes.io/managed-by=guestnet, which the EndpointSlice controller copies from a
 // Service to its slices): a host cluster has many of both, and OOMKills leave no logs. Of
