@@ -176,6 +176,10 @@ test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integr
 BENCH_N            ?= 10 100
 BENCH_BRIDGE_EVERY ?= 5
 BENCH_OUT          ?= out/bench
+# Guest clusters per guest shard apiserver (lab.StartGuestShards; ceil(N / size) shards), and how
+# many guest clusters are created at a time.
+BENCH_SHARD_SIZE         ?= 50
+BENCH_CREATE_CONCURRENCY ?= 8
 # TestBenchLargeGuest: one guest holding this many Services (docs/performance.md, "A large guest");
 # BENCH_BASELINE_BIN, when set, is measured too (e.g. an older manager binary).
 BENCH_GUEST_SERVICES ?= 20000
@@ -184,6 +188,7 @@ BENCH_GUEST_SERVICES ?= 20000
 bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for fleets of BENCH_N guest clusters (out/bench/).
 	@$(call build_step,manager (as a release builds it),CGO_ENABLED=0 go build $(MANAGER_GOFLAGS) -ldflags "$(MANAGER_LDFLAGS)" -o bin/manager .)
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) BENCH_N="$(BENCH_N)" BENCH_BRIDGE_EVERY=$(BENCH_BRIDGE_EVERY) \
+		BENCH_SHARD_SIZE=$(BENCH_SHARD_SIZE) BENCH_CREATE_CONCURRENCY=$(BENCH_CREATE_CONCURRENCY) \
 		BENCH_GUEST_SERVICES=$(BENCH_GUEST_SERVICES) BENCH_BASELINE_BIN=$(BENCH_BASELINE_BIN) \
 		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 120m -run TestBench -v ./e2e/bench/
 

@@ -1,10 +1,12 @@
 // Package bench is `make bench` (docs/performance.md): for each fleet size N of BENCH_N, a fresh lab
 // with audit logs, the real manager binary (GUESTNET_MANAGER_BIN) as its own process, and a
 // fleet of N guest clusters (e2e/lab.CreateFleetMember; every BENCH_BRIDGE_EVERY-th with a
-// GuestWebhookBridge). It measures the time from creation until each GuestIngress is Ready
-// and each bridge has bridged its targets, the manager's requests per object from the
-// apiservers' audit logs at creation and over a resync at steady state, and the manager's RSS
-// and CPU seconds; it writes BENCH_OUT/results.md and results.json. It asserts nothing: the
+// GuestWebhookBridge), spread over guest shards of BENCH_SHARD_SIZE members each
+// (lab.StartGuestShards) and created BENCH_CREATE_CONCURRENCY at a time. It measures the time
+// from creation until each GuestIngress is Ready and each bridge has bridged its targets, the
+// manager's requests per object from the apiservers' audit logs at creation and over a resync
+// at steady state, and the manager's RSS and CPU seconds (also per guest cluster above its
+// base before the fleet); it writes BENCH_OUT/results.md and results.json. It asserts nothing: the
 // regression guard is e2e/scale, in `make test`. Without BENCH_N (set by `make bench`) it is skipped.
 package bench_test
 
@@ -12,12 +14,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -67,6 +71,23 @@ type Result struct {
 	HeapMiB    float64            `json:"heapMiB"`
 	HeapShares map[string]float64 `json:"heapSharesMiB"`
 	CPUSeconds float64            `json:"cpuSeconds"`
+	// The manager's base, before the first member existed (process started, caches synced):
+	// RSS, anonymous RSS and live heap, MiB; and per guest cluster above it, (at the end -
+	// base) / N, KiB.
+	BaseRSSMiB           float64 `json:"baseRssMiB"`
+	BaseAnonRSSMiB       float64 `json:"baseAnonRssMiB"`
+	BaseHeapMiB          float64 `json:"baseHeapMiB"`
+	RSSPerClusterKiB     float64 `json:"rssPerClusterKiB"`
+	AnonRSSPerClusterKiB float64 `json:"anonRssPerClusterKiB"`
+	HeapPerClusterKiB    float64 `json:"heapPerClusterKiB"`
+
+	// The lab under the manager: the guest shard apiservers the members live on (at most
+	// ShardSize each), their resident memory in total at the end (MiB), and how many members
+	// were created at a time.
+	Shards            int     `json:"shards"`
+	ShardSize         int     `json:"shardSize"`
+	ShardsRSSMiB      float64 `json:"shardsRssMiB"`
+	CreateConcurrency int     `json:"createConcurrency"`
 
 	// Repairs are the drift repair latencies at steady state (repair_lab_test.go).
 	Repairs []RepairStats `json:"repairs"`
@@ -92,6 +113,14 @@ func TestBench(t *testing.T) {
 	if bridgeEvery == 0 {
 		bridgeEvery = 5
 	}
+	fleet := fleetShape{
+		bridgeEvery: bridgeEvery,
+		shardSize:   positiveEnv(t, "BENCH_SHARD_SIZE", 50),
+		concurrency: positiveEnv(t, "BENCH_CREATE_CONCURRENCY", 8),
+	}
+	if fleet.shardSize > lab.MaxFleetPerGuest {
+		t.Fatalf("BENCH_SHARD_SIZE: at most %d members per guest shard", lab.MaxFleetPerGuest)
+	}
 	out := os.Getenv("BENCH_OUT")
 	if out == "" {
 		out = "out/bench"
@@ -105,7 +134,10 @@ func TestBench(t *testing.T) {
 		if err != nil || n < 1 || n > lab.MaxFleet {
 			t.Fatalf("BENCH_N: %q is not a fleet size between 1 and %d", s, lab.MaxFleet)
 		}
-		r := runFleet(t, bin, out, n, bridgeEvery)
+		if shards := fleet.shards(n); shards > lab.MaxGuestShards {
+			t.Fatalf("N=%d needs %d guest shards of %d members, more than the lab's %d: raise BENCH_SHARD_SIZE", n, shards, fleet.shardSize, lab.MaxGuestShards)
+		}
+		r := runFleet(t, bin, out, n, fleet)
 		t.Logf("N=%d: %+v", n, r)
 		results = append(results, r)
 	}
@@ -123,7 +155,29 @@ func TestBench(t *testing.T) {
 	t.Logf("results in %s:\n%s", out, markdown(results, bridgeEvery))
 }
 
-func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
+// fleetShape is how a fleet is built: every bridgeEvery-th member with a bridge, shardSize
+// members per guest shard, concurrency members created at a time.
+type fleetShape struct {
+	bridgeEvery, shardSize, concurrency int
+}
+
+// shards is how many guest shards a fleet of n needs.
+func (f fleetShape) shards(n int) int { return (n + f.shardSize - 1) / f.shardSize }
+
+// positiveEnv is the positive integer in the environment variable name, or def when unset.
+func positiveEnv(t *testing.T, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 {
+		t.Fatalf("%s: %q is not a positive integer", name, s)
+	}
+	return v
+}
+
+func runFleet(t *testing.T, bin, out string, n int, fleet fleetShape) Result {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -135,24 +189,31 @@ func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
 	if _, err := lab.StartCiliumStandIn(ctx, l); err != nil {
 		t.Fatalf("starting the Cilium stand-in: %v", err)
 	}
-	hostLog, err := l.Host.AuditLog()
+	started := time.Now()
+	shards, err := l.StartGuestShards(ctx, fleet.shards(n))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("starting the guest shards: %v", err)
 	}
-	guestLog, err := l.Guest.AuditLog()
-	if err != nil {
-		t.Fatal(err)
+	t.Logf("N=%d: %d guest shards started in %.1f s", n, len(shards), time.Since(started).Seconds())
+	// The manager's requests, from the host's and every shard's audit log.
+	var auditLogs []*lab.AuditLog
+	for _, c := range append([]*lab.Cluster{l.Host}, shards...) {
+		a, err := c.AuditLog()
+		if err != nil {
+			t.Fatal(err)
+		}
+		auditLogs = append(auditLogs, a)
 	}
 	next := func() []lab.AuditRequest {
-		h, err := hostLog.Next(manager.Name)
-		if err != nil {
-			t.Fatal(err)
+		var reqs []lab.AuditRequest
+		for _, a := range auditLogs {
+			r, err := a.Next(manager.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs = append(reqs, r...)
 		}
-		g, err := guestLog.Next(manager.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return append(h, g...)
+		return reqs
 	}
 
 	cmd := startManager(t, bin, l, filepath.Join(dir, "manager.log"))
@@ -165,27 +226,27 @@ func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
 		}
 	}
 	defer stop()
-	time.Sleep(2 * time.Second) // its caches; what it reads at start is not counted
+	waitManagerReady(t)
+	time.Sleep(3 * time.Second) // its caches; what it reads at start is not counted
 	next()
 
-	r := Result{N: n}
-	created := map[client.ObjectKey]time.Time{}
+	r := Result{N: n, Shards: len(shards), ShardSize: fleet.shardSize, CreateConcurrency: fleet.concurrency}
+	base := processStats(t, cmd.Process.Pid)
+	r.BaseRSSMiB, r.BaseAnonRSSMiB = base.RSSMiB, base.AnonRSSMiB
+	r.BaseHeapMiB = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-n%d-base.pprof", n)))
 	start := time.Now()
 	cpuProfile := profileCPU(t, filepath.Join(out, fmt.Sprintf("cpu-n%d.pprof", n)), cpuProfileSeconds(n))
-	var members []*lab.FleetMember
-	for i := range n {
-		m, err := l.CreateFleetMember(ctx, i, lab.FleetOptions{Bridge: i%bridgeEvery == 0})
-		if err != nil {
-			t.Fatalf("member %d: %v", i, err)
-		}
-		members = append(members, m)
-		created[client.ObjectKeyFromObject(m.GuestIngress)] = time.Now()
+	members := createFleet(ctx, t, l, n, fleet, shards)
+	created := map[client.ObjectKey]time.Time{}
+	for _, m := range members {
+		created[client.ObjectKeyFromObject(m.GuestIngress)] = m.GuestIngressCreated
 		if m.Bridge != nil {
 			// (Same namespace as the GuestIngress, another name.)
-			created[client.ObjectKeyFromObject(m.Bridge)] = time.Now()
+			created[client.ObjectKeyFromObject(m.Bridge)] = m.BridgeCreated
 			r.Bridges++
 		}
 	}
+	t.Logf("N=%d: fleet created in %.1f s, %d at a time", n, time.Since(start).Seconds(), fleet.concurrency)
 	var creation []lab.AuditRequest
 	ready := map[client.ObjectKey]float64{}
 	last := time.Now()
@@ -255,10 +316,18 @@ func runFleet(t *testing.T, bin, out string, n, bridgeEvery int) Result {
 		}
 	}
 	r.SteadyRequests = byVerbAndResource(steady)
-	r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.CPUSeconds = processStats(t, cmd.Process.Pid)
+	u := processStats(t, cmd.Process.Pid)
+	r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.CPUSeconds = u.RSSMiB, u.AnonRSSMiB, u.PeakRSSMiB, u.CPUSeconds
 	heap := filepath.Join(out, fmt.Sprintf("heap-n%d.pprof", n))
 	r.HeapMiB = profileHeap(t, heap)
 	r.HeapShares = heapBreakdown(t, heap)
+	perCluster := func(end, base float64) float64 { return (end - base) * 1024 / float64(n) }
+	r.RSSPerClusterKiB = perCluster(r.RSSMiB, r.BaseRSSMiB)
+	r.AnonRSSPerClusterKiB = perCluster(r.AnonRSSMiB, r.BaseAnonRSSMiB)
+	r.HeapPerClusterKiB = perCluster(r.HeapMiB, r.BaseHeapMiB)
+	for _, s := range shards {
+		r.ShardsRSSMiB += processStats(t, s.PID()).RSSMiB
+	}
 	<-cpuProfile
 	if logged, err := os.ReadFile(filepath.Join(dir, "manager.log")); err == nil {
 		r.ConnectFailures = strings.Count(string(logged), `"Connect failed"`)
@@ -313,38 +382,66 @@ func quantile(sorted []float64, q float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// processStats reads the manager's RSS, anonymous RSS, peak RSS (MiB) and CPU seconds from
-// /proc.
-func processStats(t *testing.T, pid int) (rss, anon, peak, cpu float64) {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+// processStats reads a process's RSS, anonymous RSS, peak RSS (MiB) and CPU seconds.
+func processStats(t *testing.T, pid int) lab.ProcessUsage {
+	u, err := lab.ReadProcessUsage(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb / 1024
-		case "RssAnon:":
-			anon = kb / 1024
-		case "VmHWM:":
-			peak = kb / 1024
+	return u
+}
+
+// createFleet creates the n members, fleet.concurrency at a time, member i on shard i mod
+// len(shards) (so that each shard gets members all along), and returns them in order.
+func createFleet(ctx context.Context, t *testing.T, l *lab.Lab, n int, fleet fleetShape, shards []*lab.Cluster) []*lab.FleetMember {
+	members := make([]*lab.FleetMember, n)
+	errs := make([]error, n)
+	indices := make(chan int)
+	var wg sync.WaitGroup
+	for range fleet.concurrency {
+		wg.Go(func() {
+			for i := range indices {
+				if ctx.Err() != nil {
+					errs[i] = ctx.Err()
+					continue
+				}
+				members[i], errs[i] = l.CreateFleetMember(ctx, i, lab.FleetOptions{
+					Bridge: i%fleet.bridgeEvery == 0,
+					Guest:  shards[i%len(shards)], GuestIndex: i / len(shards),
+				})
+			}
+		})
+	}
+	for i := range n {
+		indices <- i
+	}
+	close(indices)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
 		}
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
+	return members
+}
+
+// waitManagerReady waits until the manager answers its readiness probe.
+func waitManagerReady(t *testing.T) {
+	deadline := time.Now().Add(time.Minute)
+	c := &http.Client{Timeout: time.Second}
+	for {
+		resp, err := c.Get("http://" + healthAddress + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the manager is not ready after a minute: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	// Fields after the command (which may hold spaces): utime and stime are the 12th and
-	// 13th, in clock ticks (USER_HZ, 100 on Linux).
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return rss, anon, peak, (utime + stime) / 100
 }
 
 func machine() string {
@@ -376,6 +473,17 @@ func markdown(results []Result, bridgeEvery int) string {
 		fmt.Fprintf(&b, "| %d | %d | %.2f | %.2f | %.2f | %.1f | %d | %.1f | %.1f | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.1f |\n",
 			r.N, r.Bridges, r.ReadyP50, r.ReadyP99, r.ReadyMax, r.AllReady, r.ConnectFailures, r.WritesPerMember, r.StatusWritesPerMember,
 			r.Events, r.SteadyWrites, r.SteadyReads, r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.HeapMiB, r.CPUSeconds)
+	}
+	b.WriteString("\nThe manager's memory per guest cluster above its base (measured before the first cluster existed, its caches synced), (at the end - base) / N:\n\n" +
+		"| N | base RSS (MiB) | base anon (MiB) | base live heap (MiB) | RSS / cluster (KiB) | anon RSS / cluster (KiB) | live heap / cluster (KiB) |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f |\n", r.N, r.BaseRSSMiB, r.BaseAnonRSSMiB, r.BaseHeapMiB,
+			r.RSSPerClusterKiB, r.AnonRSSPerClusterKiB, r.HeapPerClusterKiB)
+	}
+	b.WriteString("\nThe lab under the manager: guest clusters live on guest shards (real kube-apiservers sharing one etcd, lab.StartGuestShards), created concurrently:\n\n" +
+		"| N | guest shards | clusters per shard (at most) | shard apiservers' RSS in total (MiB) | created at a time |\n|---|---|---|---|---|\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %d | %d | %d | %.0f | %d |\n", r.N, r.Shards, r.ShardSize, r.ShardsRSSMiB, r.CreateConcurrency)
 	}
 	b.WriteString("\nLive heap by what allocated it (MiB, from heap-n<N>.pprof):\n\n| N | guest connections | cached objects | reconciles in flight | other |\n|---|---|---|---|---|\n")
 	for _, r := range results {

@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -115,7 +116,7 @@ func snapshotMembers(ctx context.Context, l *lab.Lab, members []*lab.FleetMember
 			{l.Host.Client, client.ObjectKey{Namespace: gi.Namespace, Name: hostnames.HostService(gi)}, o.hostService},
 			{l.Host.Client, client.ObjectKey{Name: hostnames.Pool(gi)}, o.pool},
 			{l.Host.Client, client.ObjectKey{Name: hostnames.L2Policy(gi)}, o.l2},
-			{l.Guest.Client, client.ObjectKey{Namespace: gi.Spec.GuestService.Namespace, Name: gi.Spec.GuestService.Name}, o.guestService},
+			{m.Guest.Client, client.ObjectKey{Namespace: gi.Spec.GuestService.Namespace, Name: gi.Spec.GuestService.Name}, o.guestService},
 		} {
 			if err := get.c.Get(ctx, get.key, get.obj); err != nil {
 				return nil, fmt.Errorf("member %d: %w", m.Index, err)
@@ -136,14 +137,15 @@ func takeAway(ctx context.Context, l *lab.Lab, objs []*memberObjects) error {
 			}
 		}
 		svc := &corev1.Service{}
-		if err := l.Guest.Client.Get(ctx, client.ObjectKeyFromObject(o.guestService), svc); err != nil {
+		guest := o.m.Guest.Client
+		if err := guest.Get(ctx, client.ObjectKeyFromObject(o.guestService), svc); err != nil {
 			return err
 		}
 		svc.Spec.Type = corev1.ServiceTypeClusterIP
 		for i := range svc.Spec.Ports {
 			svc.Spec.Ports[i].NodePort = 0
 		}
-		if err := l.Guest.Client.Update(ctx, svc); err != nil {
+		if err := guest.Update(ctx, svc); err != nil {
 			return err
 		}
 	}
@@ -171,7 +173,6 @@ func writeFloor(ctx context.Context, l *lab.Lab, objs []*memberObjects) (map[int
 	if err != nil {
 		return nil, 0, err
 	}
-	guest := l.Guest.Client
 	started := map[int]time.Time{}
 	var mu sync.Mutex
 	writes := 0
@@ -184,7 +185,7 @@ func writeFloor(ctx context.Context, l *lab.Lab, objs []*memberObjects) (map[int
 				mu.Lock()
 				started[o.m.Index] = time.Now()
 				mu.Unlock()
-				n, err := writeMember(ctx, host, guest, o)
+				n, err := writeMember(ctx, host, o.m.Guest.Client, o)
 				mu.Lock()
 				writes += n
 				mu.Unlock()
@@ -261,21 +262,37 @@ func asApplied(obj *unstructured.Unstructured) *unstructured.Unstructured {
 func waitExposed(ctx context.Context, l *lab.Lab, objs []*memberObjects, limit time.Duration) (map[int]time.Time, error) {
 	deadline := time.Now().Add(limit)
 	exposed := map[int]time.Time{}
+	var guests []*lab.Cluster // the members' guest apiservers (shards)
+	for _, o := range objs {
+		if !slices.Contains(guests, o.m.Guest) {
+			guests = append(guests, o.m.Guest)
+		}
+	}
 	for len(exposed) < len(objs) {
 		if time.Now().After(deadline) {
 			return exposed, fmt.Errorf("only %d of %d members exposed after %v", len(exposed), len(objs), limit)
 		}
 		services := &corev1.ServiceList{}
-		slices := &discoveryv1.EndpointSliceList{}
-		guestServices := &corev1.ServiceList{}
+		endpointSlices := &discoveryv1.EndpointSliceList{}
 		if err := l.Host.Client.List(ctx, services, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
 			return nil, err
 		}
-		if err := l.Host.Client.List(ctx, slices, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
+		if err := l.Host.Client.List(ctx, endpointSlices, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
 			return nil, err
 		}
-		if err := l.Guest.Client.List(ctx, guestServices); err != nil {
-			return nil, err
+		// Guest Services by guest: the members' guest namespaces differ, but each guest is
+		// its own cluster.
+		fixed := map[*lab.Cluster]map[client.ObjectKey]bool{}
+		for _, guest := range guests {
+			guestServices := &corev1.ServiceList{}
+			if err := guest.Client.List(ctx, guestServices); err != nil {
+				return nil, err
+			}
+			fixed[guest] = map[client.ObjectKey]bool{}
+			for i := range guestServices.Items {
+				svc := &guestServices.Items[i]
+				fixed[guest][client.ObjectKeyFromObject(svc)] = svc.Spec.Type != corev1.ServiceTypeClusterIP
+			}
 		}
 		now := time.Now()
 		withIP := map[client.ObjectKey]bool{}
@@ -285,22 +302,17 @@ func waitExposed(ctx context.Context, l *lab.Lab, objs []*memberObjects, limit t
 			}
 		}
 		ready := map[client.ObjectKey]bool{}
-		for i := range slices.Items {
-			s := &slices.Items[i]
+		for i := range endpointSlices.Items {
+			s := &endpointSlices.Items[i]
 			for _, e := range s.Endpoints {
 				if e.Conditions.Ready != nil && *e.Conditions.Ready {
 					ready[client.ObjectKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]}] = true
 				}
 			}
 		}
-		fixed := map[client.ObjectKey]bool{}
-		for i := range guestServices.Items {
-			svc := &guestServices.Items[i]
-			fixed[client.ObjectKeyFromObject(svc)] = svc.Spec.Type != corev1.ServiceTypeClusterIP
-		}
 		for _, o := range objs {
 			key := client.ObjectKeyFromObject(o.hostService)
-			if _, done := exposed[o.m.Index]; !done && withIP[key] && ready[key] && fixed[client.ObjectKeyFromObject(o.guestService)] {
+			if _, done := exposed[o.m.Index]; !done && withIP[key] && ready[key] && fixed[o.m.Guest][client.ObjectKeyFromObject(o.guestService)] {
 				exposed[o.m.Index] = now
 			}
 		}

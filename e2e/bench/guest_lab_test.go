@@ -108,7 +108,8 @@ func TestBenchLargeGuest(t *testing.T) {
 		}
 		time.Sleep(5 * time.Second)
 		r.Heap = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-guest-%d.pprof", i)))
-		r.RSS, r.Anon, _, _ = processStats(t, cmd.Process.Pid)
+		u := processStats(t, cmd.Process.Pid)
+		r.RSS, r.Anon = u.RSSMiB, u.AnonRSSMiB
 		t.Logf("%s: ClusterAvailable %s, live heap %.1f MiB, RSS %.1f MiB (anon %.1f)", r.Name, r.Reason, r.Heap, r.RSS, r.Anon)
 	}
 	measure(0, runs[0])
@@ -192,6 +193,9 @@ func createGuestServices(ctx context.Context, t *testing.T, l *lab.Lab, n, large
 	return (n + largeEvery - 1) / largeEvery
 }
 
+// healthAddress is where the bench's manager serves its health probes (--health-addr).
+const healthAddress = "127.0.0.1:9440"
+
 // startManagerWith is startManager with extra flags.
 func startManagerWith(t *testing.T, bin string, l *lab.Lab, logPath string, args ...string) *exec.Cmd {
 	logFile, err := os.Create(logPath)
@@ -200,7 +204,7 @@ func startManagerWith(t *testing.T, bin string, l *lab.Lab, logPath string, args
 	}
 	t.Cleanup(func() { _ = logFile.Close() })
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + l.Host.KubeconfigPath, "--sync-period=" + resync.String(),
-		"--health-addr=127.0.0.1:9440", "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics",
+		"--health-addr=" + healthAddress, "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics",
 		"--profiler-address=" + profilerAddress}, args...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

@@ -6,9 +6,9 @@ import (
 	"strings"
 )
 
-// The plot: two panels against the fleet size N (log scale when the sizes span more than a
-// decade), time to Ready on the left, the manager's memory on the right; plain SVG, written
-// here so that the bench needs no plotting library.
+// The plot: three panels against the fleet size N (log scale when the sizes span more than a
+// decade): time to Ready, the manager's memory, and its memory per guest cluster above its
+// base; plain SVG, written here so that the bench needs no plotting library.
 
 type series struct {
 	name  string
@@ -27,7 +27,7 @@ const (
 
 func plotSVG(results []Result, title string) string {
 	var b strings.Builder
-	width := marginL + panelW + gap + panelW + 24
+	width := marginL + 3*panelW + 2*gap + 24
 	height := marginT + panelH + marginB + 40
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
@@ -48,6 +48,11 @@ func plotSVG(results []Result, title string) string {
 		{name: "RSS", color: "#ff7f0e", y: func(r Result) float64 { return r.RSSMiB }},
 		{name: "live heap", color: "#1f77b4", y: func(r Result) float64 { return r.HeapMiB }},
 		{name: "target at N=1000", color: "#2ca02c", dash: true, y: func(Result) float64 { return 150 }},
+	})
+	panel(&b, results, marginL+2*(panelW+gap), "per guest cluster above the base (KiB)", []series{
+		{name: "RSS", color: "#ff7f0e", y: func(r Result) float64 { return r.RSSPerClusterKiB }},
+		{name: "anon RSS", color: "#9467bd", y: func(r Result) float64 { return r.AnonRSSPerClusterKiB }},
+		{name: "live heap", color: "#1f77b4", y: func(r Result) float64 { return r.HeapPerClusterKiB }},
 	})
 	b.WriteString("</svg>\n")
 	return b.String()

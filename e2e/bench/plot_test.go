@@ -12,8 +12,8 @@ import (
 // it was measured), for one size and for several.
 func TestPlotSVG(t *testing.T) {
 	for want, results := range map[int][]Result{
-		7: {{N: 10, AllReady: 5, ReadyP50: 2, ReadyP99: 4, RSSMiB: 90, PeakRSSMiB: 95, HeapMiB: 16}},
-		8: {
+		10: {{N: 10, AllReady: 5, ReadyP50: 2, ReadyP99: 4, RSSMiB: 90, PeakRSSMiB: 95, HeapMiB: 16, RSSPerClusterKiB: 300}},
+		11: {
 			{N: 10, AllReady: 5, ReadyP50: 2, ReadyP99: 4, RSSMiB: 90, PeakRSSMiB: 95, HeapMiB: 16, Floor: &FloorResult{FloorAll: 2}},
 			{N: 100, AllReady: 90, ReadyP50: 30, ReadyP99: 60, RSSMiB: 300, PeakRSSMiB: 320, HeapMiB: 120, Floor: &FloorResult{FloorAll: 20}},
 			{N: 1000, AllReady: 900, ReadyP50: 300, ReadyP99: 600, RSSMiB: 900, PeakRSSMiB: 950, HeapMiB: 400},

@@ -99,15 +99,20 @@ type heapShare struct {
 	ignore string
 }
 
-// heapShares split the live heap into what grows with the fleet: the ClusterCache's
-// connection to each guest (REST mapper from discovery, clients, cache set-up), the objects
+// heapShares split the live heap into what grows with the fleet: the connection to each guest
+// (REST mapper from discovery, clients, cache set-up), whether CAPI's ClusterCache holds it
+// or guestnet's own guest cache (internal/guestcache), the objects
 // the informers hold (host and guest, decoded from lists and watches), what reconciles hold
 // while they run, and the rest (the binary's init, buffers).
 var heapShares = []heapShare{
-	{Name: "guest connections", focus: `clustercache\.\(\*clusterAccessor\)`},
-	{Name: "cached objects", focus: `\(\*Reflector\)|\(\*StreamWatcher\)`, ignore: `clustercache\.\(\*clusterAccessor\)`},
-	{Name: "reconciles in flight", focus: `reconcileHandler`, ignore: `clustercache\.\(\*clusterAccessor\)|\(\*Reflector\)|\(\*StreamWatcher\)`},
+	{Name: "guest connections", focus: guestConnections},
+	{Name: "cached objects", focus: `\(\*Reflector\)|\(\*StreamWatcher\)`, ignore: guestConnections},
+	{Name: "reconciles in flight", focus: `reconcileHandler`, ignore: guestConnections + `|\(\*Reflector\)|\(\*StreamWatcher\)`},
 }
+
+// guestConnections matches the stacks that set up a guest connection: CAPI's ClusterCache
+// (clustercache.(*clusterAccessor)) or guestnet's internal/guestcache.
+const guestConnections = `clustercache\.\(\*clusterAccessor\)|guestcache\.`
 
 // heapBreakdown totals the heap profile at path by heapShares (MiB, with "other" for the
 // rest), with `go tool pprof` (the go command runs the bench, so it is there).

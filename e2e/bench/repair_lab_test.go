@@ -3,8 +3,10 @@ package bench_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -72,11 +74,16 @@ func measureRepairs(ctx context.Context, l *lab.Lab, members []*lab.FleetMember,
 	if err != nil {
 		return nil, err
 	}
-	guest, err := dynamic.NewForConfig(l.Guest.Config)
-	if err != nil {
-		return nil, err
+	// Each member's guest apiserver (its shard), and a nodePort none of their Services holds.
+	guests := map[*lab.Cluster]dynamic.Interface{}
+	for _, m := range members {
+		if guests[m.Guest] == nil {
+			if guests[m.Guest], err = dynamic.NewForConfig(m.Guest.Config); err != nil {
+				return nil, err
+			}
+		}
 	}
-	freePort, err := freeGuestNodePort(ctx, guest)
+	freePort, err := freeGuestNodePort(ctx, slices.Collect(maps.Values(guests)))
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +122,7 @@ func measureRepairs(ctx context.Context, l *lab.Lab, members []*lab.FleetMember,
 			kind: "guest Service nodePort changed",
 			target: func(i int) (dynamic.ResourceInterface, string) {
 				gi := members[i].GuestIngress
-				return guest.Resource(servicesGVR).Namespace(gi.Spec.GuestService.Namespace), gi.Spec.GuestService.Name
+				return guests[members[i].Guest].Resource(servicesGVR).Namespace(gi.Spec.GuestService.Namespace), gi.Spec.GuestService.Name
 			},
 			change: func(ctx context.Context, ri dynamic.ResourceInterface, live *unstructured.Unstructured) (string, func(*unstructured.Unstructured) bool, error) {
 				want := nodePorts(live)
@@ -134,7 +141,7 @@ func measureRepairs(ctx context.Context, l *lab.Lab, members []*lab.FleetMember,
 			kind:    "webhook service put back (Helm-style replace)",
 			bridged: true,
 			target: func(i int) (dynamic.ResourceInterface, string) {
-				return guest.Resource(webhooksGVR), fmt.Sprintf("webhook-%04d", members[i].Index)
+				return guests[members[i].Guest].Resource(webhooksGVR), fmt.Sprintf("webhook-%04d", members[i].Index)
 			},
 			change: func(ctx context.Context, ri dynamic.ResourceInterface, live *unstructured.Unstructured) (string, func(*unstructured.Unstructured) bool, error) {
 				want := webhookClientConfigs(live)
@@ -275,18 +282,20 @@ func webhookClientConfigs(u *unstructured.Unstructured) []any {
 	return out
 }
 
-// freeGuestNodePort is a nodePort no guest Service holds, from the top of the range (the
-// fleet's address plan fills it from the bottom).
-func freeGuestNodePort(ctx context.Context, guest dynamic.Interface) (int, error) {
-	list, err := guest.Resource(servicesGVR).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return 0, err
-	}
+// freeGuestNodePort is a nodePort no Service of the guests holds, from the top of the range
+// (the fleet's address plan fills it from the bottom).
+func freeGuestNodePort(ctx context.Context, guests []dynamic.Interface) (int, error) {
 	used := map[int64]bool{}
-	for i := range list.Items {
-		for _, p := range nodePorts(&list.Items[i]) {
-			if n, ok := p.(int64); ok {
-				used[n] = true
+	for _, guest := range guests {
+		list, err := guest.Resource(servicesGVR).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return 0, err
+		}
+		for i := range list.Items {
+			for _, p := range nodePorts(&list.Items[i]) {
+				if n, ok := p.(int64); ok {
+					used[n] = true
+				}
 			}
 		}
 	}
@@ -295,5 +304,5 @@ func freeGuestNodePort(ctx context.Context, guest dynamic.Interface) (int, error
 			return int(p), nil
 		}
 	}
-	return 0, fmt.Errorf("no free nodePort in the guest")
+	return 0, fmt.Errorf("no free nodePort in the guests")
 }

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -56,6 +57,13 @@ type ControlPlaneOptions struct {
 	// ExternalIPs are more IP addresses the apiserver's serving certificate is valid for:
 	// addresses in front of it, as k0smotron adds a control plane's external address.
 	ExternalIPs []string
+	// ExternalEtcd, when set, is the client URL of an etcd another control plane runs: no etcd
+	// of its own starts, and the apiserver keeps its cluster there under EtcdPrefix (a guest
+	// shard, StartGuestShards). The other control plane must outlive this one.
+	ExternalEtcd string
+	// EtcdPrefix is the apiserver's --etcd-prefix, the key prefix of its cluster's state in
+	// etcd; Kubernetes' default "/registry" when empty.
+	EtcdPrefix string
 }
 
 // ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
@@ -72,6 +80,8 @@ type ControlPlane struct {
 	FrontProxyCA *CA
 
 	etcd, apiserver, controllerManager *process
+	// etcdURL is the client URL of the etcd the apiserver stores in (its own or ExternalEtcd).
+	etcdURL string
 }
 
 // Kubernetes component names of the controllers the lab's kube-controller-manager runs.
@@ -101,7 +111,9 @@ func StartControlPlane(ctx context.Context, assets *Assets, opts ControlPlaneOpt
 	if err := cp.writePKI(); err != nil {
 		return nil, fmt.Errorf("%s PKI: %w", opts.Name, err)
 	}
-	if err := cp.startEtcd(ctx, assets); err != nil {
+	if opts.ExternalEtcd != "" {
+		cp.etcdURL = opts.ExternalEtcd
+	} else if err := cp.startEtcd(ctx, assets); err != nil {
 		return nil, err
 	}
 	if err := cp.startAPIServer(ctx, assets); err != nil {
@@ -128,6 +140,12 @@ func (cp *ControlPlane) Server() string {
 }
 
 func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.Options.Dir, name) }
+
+// EtcdURL is the client URL of the etcd the apiserver stores its cluster in.
+func (cp *ControlPlane) EtcdURL() string { return cp.etcdURL }
+
+// PID is the kube-apiserver's process id (its /proc tells its memory and CPU time).
+func (cp *ControlPlane) PID() int { return cp.apiserver.cmd.Process.Pid }
 
 // AuditLogPath is the apiserver's audit log (JSON lines, one audit.k8s.io/v1 Event per
 // request) when the control plane runs with Audit.
@@ -263,9 +281,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, assets *Assets) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(cp.path("etcd-url"), []byte(clientURL), 0o600); err != nil {
-		return err
-	}
+	cp.etcdURL = clientURL
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return cp.etcd.waitReady(ctx, func(ctx context.Context) error {
@@ -274,13 +290,10 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, assets *Assets) error {
 }
 
 func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) error {
-	etcdURL, err := os.ReadFile(cp.path("etcd-url"))
-	if err != nil {
-		return err
-	}
 	p := cp.path
 	bin, args := assets.KubeAPIServer, []string{
-		"--etcd-servers=" + string(etcdURL),
+		"--etcd-servers=" + cp.etcdURL,
+		"--etcd-prefix=" + cmp.Or(cp.Options.EtcdPrefix, "/registry"),
 		"--bind-address=" + cp.Options.Address,
 		"--advertise-address=" + cp.Options.Address,
 		"--secure-port=" + strconv.Itoa(APIServerPort),
@@ -319,6 +332,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, assets *Assets) erro
 	if cp.Options.EgressSelectorConfig != "" {
 		args = append(args, "--egress-selector-config-file="+cp.Options.EgressSelectorConfig)
 	}
+	var err error
 	if cp.Options.ResolvConf != "" {
 		if bin, args, err = withResolvConf(cp.Options.ResolvConf, bin, args); err != nil {
 			return err

@@ -53,6 +53,9 @@ type GuestCluster struct {
 	// MachineDeployment that uses it (both "<cluster>-md-0").
 	WorkerTemplate    string
 	MachineDeployment string
+	// Guest is the control plane the cluster lives on (its Nodes, its kubeconfig Secret's
+	// server): a guest shard (OnGuest), or nil for the lab's guest.
+	Guest *Cluster
 
 	// controlPlaneLB: WithControlPlaneLoadBalancer.
 	controlPlaneLB bool
@@ -106,6 +109,16 @@ func (l *Lab) CreateGuestCluster(ctx context.Context, ns, name string, tmpl Work
 		cluster.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{}
 	}
 	kubeconfig, secretWriter := l.Guest.Kubeconfig, c
+	for _, o := range opts {
+		gc.Guest = cmp.Or(o.guest, gc.Guest)
+	}
+	if gc.Guest != nil {
+		if gc.controlPlaneLB {
+			return nil, fmt.Errorf("OnGuest: a guest shard has no control plane load balancer")
+		}
+		cluster.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: gc.Guest.Options.Address, Port: APIServerPort}
+		kubeconfig = gc.Guest.Kubeconfig
+	}
 	ownKubeconfig := false
 	for _, o := range opts {
 		if o.cluster != nil {
@@ -229,7 +242,17 @@ type GuestClusterOption struct {
 	secretWriter client.Client
 	// controlPlaneLB: WithControlPlaneLoadBalancer.
 	controlPlaneLB bool
+	// guest: OnGuest.
+	guest *Cluster
 }
+
+// OnGuest puts the guest cluster on guest (a guest shard, StartGuestShards) instead of the
+// lab's guest: the Cluster's endpoint is guest's apiserver, its kubeconfig Secret is guest's
+// admin kubeconfig, and its workers' Nodes are created there.
+func OnGuest(guest *Cluster) GuestClusterOption { return GuestClusterOption{guest: guest} }
+
+// guestOf is the control plane gc lives on.
+func (l *Lab) guestOf(gc *GuestCluster) *Cluster { return cmp.Or(gc.Guest, l.Guest) }
 
 // GuestControlPlaneEndpoint is the lab guest apiserver's address and port: the
 // spec.controlPlaneEndpoint of every Cluster whose control plane is the lab's guest.
@@ -499,7 +522,7 @@ func (l *Lab) AddWorker(ctx context.Context, gc *GuestCluster, machine, ip strin
 	if err := l.Host.Client.Status().Update(ctx, pod); err != nil {
 		return nil, fmt.Errorf("setting virt-launcher pod status: %w", err)
 	}
-	if err := createReadyNode(ctx, l.Guest.Client, machine, ip); err != nil {
+	if err := createReadyNode(ctx, l.guestOf(gc).Client, machine, ip); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -591,7 +614,7 @@ func (l *Lab) RemoveWorker(ctx context.Context, gc *GuestCluster, w *Worker) err
 		return err
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: w.Machine}}
-	return client.IgnoreNotFound(l.Guest.Client.Delete(ctx, node))
+	return client.IgnoreNotFound(l.guestOf(gc).Client.Delete(ctx, node))
 }
 
 // SetMachineDeploymentStatus stands in for CAPI's MachineDeployment controller (none runs

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,15 +15,23 @@ import (
 
 // A fleet is what a hosting provider runs: many guest clusters, each with a GuestIngress and
 // some with a GuestWebhookBridge. The scale guard (e2e/scale) and `make bench` build theirs
-// here. All members share the lab's one guest apiserver (a hosted control plane per cluster
-// would only add apiservers, not change what guestnet does per cluster); each member has
-// namespaces of its own in host and guest, so its objects are distinct, and an address plan
-// of its own (MaxFleet members at most).
+// here. Members live on the lab's guest apiserver or on guest shards (StartGuestShards,
+// FleetOptions.Guest): real apiservers of their own, so that a member's guest connection
+// caches its shard's objects, not the whole fleet's. Each member has namespaces of its own in
+// host and guest, so its objects are distinct, and an address plan of its own: fleet-wide
+// load-balancer IPs and worker pod IPs (MaxFleet members), and guest nodePorts that need only
+// be distinct on one guest apiserver (MaxFleetPerGuest members each).
 
-// MaxFleet is the largest member index + 1 the address plan allows: the guest nodePorts
-// 30000-31999 for GuestIngresses (two each) and 32000-32767 for bridges (two each: distinct
-// for the members below 384, so a fleet larger than that gives bridges to a share of them).
-const MaxFleet = 1000
+// MaxFleet is the largest member index + 1 the fleet-wide address plan allows: one
+// load-balancer IP (10.98.200.1-10.98.211.250) and four worker pod IPs (10.244.64.1-
+// 10.244.111.250) per member.
+const MaxFleet = 3000
+
+// MaxFleetPerGuest is the largest index + 1 of a member on one guest apiserver: the guest
+// nodePorts 30000-31999 for GuestIngresses (two each) and 32000-32767 for bridges (two each:
+// distinct for the members below 384, so a guest with more members gives bridges to a share
+// of them).
+const MaxFleetPerGuest = 1000
 
 // FleetOptions shape each member.
 type FleetOptions struct {
@@ -30,21 +39,34 @@ type FleetOptions struct {
 	Workers int
 	// Bridge gives the member a GuestWebhookBridge of one webhook and one APIService.
 	Bridge bool
+	// Guest is the guest apiserver the member lives on (a guest shard); nil is the lab's
+	// guest.
+	Guest *Cluster
+	// GuestIndex is the member's index among the members on Guest, which its guest nodePorts
+	// come from; on the lab's guest (Guest nil) it is the member's index.
+	GuestIndex int
 }
 
 // FleetMember is one guest cluster of a fleet and guestnet's objects for it.
 type FleetMember struct {
-	Index          int
+	Index int
+	// Guest is the guest apiserver the member lives on (the lab's guest or a shard), and
+	// GuestIndex its index there.
+	Guest          *Cluster
+	GuestIndex     int
 	Cluster        *GuestCluster
 	GuestNamespace string
 	GuestIngress   *guestnetv1.GuestIngress
 	// Bridge is nil for a member without one.
 	Bridge *guestnetv1.GuestWebhookBridge
+	// GuestIngressCreated and BridgeCreated are when their Create returned: the start of
+	// what a benchmark times (creationTimestamp has only seconds).
+	GuestIngressCreated, BridgeCreated time.Time
 }
 
-// fleet address plan of member i.
-func fleetNodePorts(i int) (http, https int32) { return 30000 + 2*int32(i), 30001 + 2*int32(i) }
-func fleetBridgeRange(i int) int32             { return 32000 + 2*int32(i%384) }
+// fleet address plan: guest nodePorts by the index j on its guest, IPs by the member index i.
+func fleetNodePorts(j int) (http, https int32) { return 30000 + 2*int32(j), 30001 + 2*int32(j) }
+func fleetBridgeRange(j int) int32             { return 32000 + 2*int32(j%384) }
 func fleetLoadBalancerIP(i int) string         { return fmt.Sprintf("10.98.%d.%d", 200+i/250, i%250+1) }
 func fleetWorkerIP(i, w int) string {
 	k := i*4 + w // up to 4 workers per member
@@ -53,10 +75,10 @@ func fleetWorkerIP(i, w int) string {
 
 // CreateFleetMember creates member i: in the host namespace fleet-<i>, Cluster "tenant"
 // (kubeconfig Secret, MachineDeployment, worker template declaring the member's nodePorts)
-// with its ready worker virt-launcher pods; in the guest, the ingress controller's Service
-// ingress-<i>/envoy (ClusterIP, as Contour's chart makes it); then the GuestIngress "web"
-// with fixed nodePorts and IP and, with opts.Bridge, a webhook and an APIService in the guest
-// and the GuestWebhookBridge "bridge" of both.
+// with its ready worker virt-launcher pods; in its guest (opts.Guest), the worker Nodes and
+// the ingress controller's Service ingress-<i>/envoy (ClusterIP, as Contour's chart makes
+// it); then the GuestIngress "web" with fixed nodePorts and IP and, with opts.Bridge, a
+// webhook and an APIService in the guest and the GuestWebhookBridge "bridge" of both.
 func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (*FleetMember, error) {
 	if i < 0 || i >= MaxFleet {
 		return nil, fmt.Errorf("fleet member %d outside the address plan (0..%d)", i, MaxFleet-1)
@@ -68,13 +90,21 @@ func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (
 	if workers > 4 {
 		return nil, fmt.Errorf("at most 4 workers per fleet member")
 	}
-	m := &FleetMember{Index: i, GuestNamespace: fmt.Sprintf("ingress-%04d", i)}
+	m := &FleetMember{Index: i, Guest: l.Guest, GuestIndex: i, GuestNamespace: fmt.Sprintf("ingress-%04d", i)}
+	var onGuest []GuestClusterOption
+	if opts.Guest != nil {
+		m.Guest, m.GuestIndex = opts.Guest, opts.GuestIndex
+		onGuest = append(onGuest, OnGuest(opts.Guest))
+	}
+	if m.GuestIndex < 0 || m.GuestIndex >= MaxFleetPerGuest {
+		return nil, fmt.Errorf("fleet member %d: index %d on its guest outside the nodePort plan (0..%d)", i, m.GuestIndex, MaxFleetPerGuest-1)
+	}
 	ns := fmt.Sprintf("fleet-%04d", i)
-	http, https := fleetNodePorts(i)
-	bridgeStart := fleetBridgeRange(i)
+	http, https := fleetNodePorts(m.GuestIndex)
+	bridgeStart := fleetBridgeRange(m.GuestIndex)
 	gc, err := l.CreateGuestCluster(ctx, ns, "tenant", WorkerTemplateOptions{
 		Ports: []int32{22, 10250, http, https, bridgeStart, bridgeStart + 1},
-	})
+	}, onGuest...)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +118,7 @@ func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (
 		return nil, err
 	}
 
-	if err := createNamespaces(ctx, l.Guest.Client, m.GuestNamespace); err != nil {
+	if err := createNamespaces(ctx, m.Guest.Client, m.GuestNamespace); err != nil {
 		return nil, err
 	}
 	envoy := &corev1.Service{
@@ -101,7 +131,7 @@ func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (
 			},
 		},
 	}
-	if err := l.Guest.Client.Create(ctx, envoy); err != nil {
+	if err := m.Guest.Client.Create(ctx, envoy); err != nil {
 		return nil, fmt.Errorf("creating guest Service: %w", err)
 	}
 	m.GuestIngress = &guestnetv1.GuestIngress{
@@ -119,6 +149,7 @@ func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (
 	if err := l.Host.Client.Create(ctx, m.GuestIngress); err != nil {
 		return nil, fmt.Errorf("creating GuestIngress: %w", err)
 	}
+	m.GuestIngressCreated = time.Now()
 	if opts.Bridge {
 		if err := l.AddFleetBridge(ctx, m); err != nil {
 			return nil, err
@@ -127,17 +158,17 @@ func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (
 	return m, nil
 }
 
-// AddFleetBridge gives member m, in the guest, a webhook (webhook-<i>) and an APIService
+// AddFleetBridge gives member m, in its guest, a webhook (webhook-<i>) and an APIService
 // (metrics-<i>), and in the host the GuestWebhookBridge "bridge" of both over the member's
 // two bridge nodePorts (which its worker template declares).
 func (l *Lab) AddFleetBridge(ctx context.Context, m *FleetMember) error {
-	start := fleetBridgeRange(m.Index)
+	start := fleetBridgeRange(m.GuestIndex)
 	webhookNS, metricsNS := fmt.Sprintf("webhook-%04d", m.Index), fmt.Sprintf("metrics-%04d", m.Index)
-	wh, err := CreateServiceWebhook(ctx, l.Guest.Client, l.Guest.CA.CertPEM(), webhookNS, "target-"+webhookNS)
+	wh, err := CreateServiceWebhook(ctx, m.Guest.Client, m.Guest.CA.CertPEM(), webhookNS, "target-"+webhookNS)
 	if err != nil {
 		return err
 	}
-	api, err := CreateMetricsAPI(ctx, l.Guest.Client, metricsNS, fmt.Sprintf("fleet-%04d.metrics.k8s.io", m.Index))
+	api, err := CreateMetricsAPI(ctx, m.Guest.Client, metricsNS, fmt.Sprintf("fleet-%04d.metrics.k8s.io", m.Index))
 	if err != nil {
 		return err
 	}
@@ -154,5 +185,6 @@ func (l *Lab) AddFleetBridge(ctx context.Context, m *FleetMember) error {
 	if err := l.Host.Client.Create(ctx, m.Bridge); err != nil {
 		return fmt.Errorf("creating GuestWebhookBridge: %w", err)
 	}
+	m.BridgeCreated = time.Now()
 	return nil
 }

@@ -73,6 +73,8 @@ type Lab struct {
 	podNet hostPodNetwork
 	// extNet is the external network of clients outside the host cluster (kernel_lb.go).
 	extNet externalNetwork
+	// guestShards counts the guest shards started (StartGuestShards), for their addresses.
+	guestShards int
 }
 
 // Cluster is one control plane of the lab with a client for it.

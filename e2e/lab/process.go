@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -99,3 +100,48 @@ func (p *process) logTail() string {
 }
 
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// ProcessUsage is what /proc says of a process: resident memory (all of it, its anonymous
+// part: heap and stacks, not the binary's mapped pages; its peak) in MiB, and CPU seconds
+// (user and system).
+type ProcessUsage struct {
+	RSSMiB, AnonRSSMiB, PeakRSSMiB, CPUSeconds float64
+}
+
+// ReadProcessUsage reads the usage of process pid from /proc.
+func ReadProcessUsage(pid int) (ProcessUsage, error) {
+	var u ProcessUsage
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return u, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			u.RSSMiB = kb / 1024
+		case "RssAnon:":
+			u.AnonRSSMiB = kb / 1024
+		case "VmHWM:":
+			u.PeakRSSMiB = kb / 1024
+		}
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return u, err
+	}
+	// Fields after the command (which may hold spaces): utime and stime are the 12th and
+	// 13th, in clock ticks (USER_HZ, 100 on Linux).
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 13 {
+		return u, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	u.CPUSeconds = (utime + stime) / 100
+	return u, nil
+}
