@@ -238,13 +238,7 @@ func (cp *ControlPlane) writeKubeconfig() error {
 	if err != nil {
 		return err
 	}
-	name := cp.Options.Name
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: cp.Server(), CertificateAuthorityData: cp.CA.CertPEM()}
-	cfg.AuthInfos[name+"-admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
-	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name + "-admin"}
-	cfg.CurrentContext = name
-	if cp.Kubeconfig, err = clientcmd.Write(*cfg); err != nil {
+	if cp.Kubeconfig, err = cp.kubeconfigWith("admin", certPEM, keyPEM); err != nil {
 		return err
 	}
 	cp.KubeconfigPath = cp.path("kubeconfig")
@@ -257,6 +251,30 @@ func (cp *ControlPlane) writeKubeconfig() error {
 	}
 	cp.Config.QPS, cp.Config.Burst = 200, 400
 	return nil
+}
+
+// kubeconfigWith is a kubeconfig for the apiserver with the client certificate certPEM.
+func (cp *ControlPlane) kubeconfigWith(user string, certPEM, keyPEM []byte) ([]byte, error) {
+	name := cp.Options.Name
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: cp.Server(), CertificateAuthorityData: cp.CA.CertPEM()}
+	cfg.AuthInfos[name+"-"+user] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name + "-" + user}
+	cfg.CurrentContext = name
+	return clientcmd.Write(*cfg)
+}
+
+// KubeconfigAs is a kubeconfig for the apiserver with a new client certificate of its own for
+// user in groups. Cluster API writes each Cluster's kubeconfig with credentials of its own;
+// clients built from identical kubeconfigs share one transport (client-go's TLS transport
+// cache), so a fleet whose members share a kubeconfig would cost less per member than in
+// production.
+func (cp *ControlPlane) KubeconfigAs(user string, groups ...string) ([]byte, error) {
+	certPEM, keyPEM, err := cp.CA.Issue(CertRequest{CommonName: user, Organizations: groups, Client: true})
+	if err != nil {
+		return nil, err
+	}
+	return cp.kubeconfigWith(user, certPEM, keyPEM)
 }
 
 func (cp *ControlPlane) startEtcd(ctx context.Context, assets *Assets) error {

@@ -94,7 +94,12 @@ func (l *Lab) CreateFleetMember(ctx context.Context, i int, opts FleetOptions) (
 	var onGuest []GuestClusterOption
 	if opts.Guest != nil {
 		m.Guest, m.GuestIndex = opts.Guest, opts.GuestIndex
-		onGuest = append(onGuest, OnGuest(opts.Guest))
+		// Credentials of its own, as Cluster API writes them: a connection of its own.
+		kubeconfig, err := opts.Guest.KubeconfigAs(fmt.Sprintf("fleet-%04d", i), "system:masters")
+		if err != nil {
+			return nil, err
+		}
+		onGuest = append(onGuest, OnGuest(opts.Guest), WithKubeconfig(l.Host.Client, kubeconfig))
 	}
 	if m.GuestIndex < 0 || m.GuestIndex >= MaxFleetPerGuest {
 		return nil, fmt.Errorf("fleet member %d: index %d on its guest outside the nodePort plan (0..%d)", i, m.GuestIndex, MaxFleetPerGuest-1)
