@@ -65,6 +65,7 @@ func TestLab_GuestShardsAreSeparateGuestClusters(t *testing.T) {
 		cfg, err := clientcmd.RESTConfigFromKubeConfig(secret.Data["value"])
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(cfg.Host).To(Equal(shard.Server()))
+		g.Expect(cfg.CertData).NotTo(Equal(shard.Config.CertData), "credentials of the member's own, not the shard's admin's")
 		cluster := &clusterv1.Cluster{}
 		g.Expect(l.Host.Client.Get(ctx, client.ObjectKey{Namespace: m.Cluster.Namespace, Name: m.Cluster.Name}, cluster)).To(Succeed())
 		g.Expect(cluster.Spec.ControlPlaneEndpoint).To(Equal(clusterv1.APIEndpoint{Host: shard.Options.Address, Port: lab.APIServerPort}))
