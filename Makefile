@@ -173,12 +173,13 @@ test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integr
 # `make bench` (docs/performance.md; not part of `make test`): for each fleet size of BENCH_N, a fresh lab
 # and the real manager binary, built as a release builds it, as its own process (e2e/bench);
 # results, pprof profiles and the plot in BENCH_OUT.
-BENCH_N            ?= 10 100
+BENCH_N            ?= 100 1000
 BENCH_BRIDGE_EVERY ?= 5
 BENCH_OUT          ?= out/bench
-# Guest clusters per guest shard apiserver (lab.StartGuestShards; ceil(N / size) shards), and how
+# Guest clusters per guest shard apiserver (lab.StartGuestShards; ceil(N / size) shards: each
+# guest connection then sees a guest of about 40 Services, as a small production guest), and how
 # many guest clusters are created at a time.
-BENCH_SHARD_SIZE         ?= 50
+BENCH_SHARD_SIZE         ?= 25
 BENCH_CREATE_CONCURRENCY ?= 8
 # TestBenchLargeGuest: one guest holding this many Services (docs/performance.md, "A large guest");
 # BENCH_BASELINE_BIN, when set, is measured too (e.g. an older manager binary).

@@ -115,7 +115,7 @@ func TestBench(t *testing.T) {
 	}
 	fleet := fleetShape{
 		bridgeEvery: bridgeEvery,
-		shardSize:   positiveEnv(t, "BENCH_SHARD_SIZE", 50),
+		shardSize:   positiveEnv(t, "BENCH_SHARD_SIZE", 25),
 		concurrency: positiveEnv(t, "BENCH_CREATE_CONCURRENCY", 8),
 	}
 	if fleet.shardSize > lab.MaxFleetPerGuest {
