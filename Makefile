@@ -177,9 +177,9 @@ BENCH_N            ?= 100 1000
 BENCH_BRIDGE_EVERY ?= 5
 BENCH_OUT          ?= out/bench
 # Guest clusters per guest shard apiserver (lab.StartGuestShards; ceil(N / size) shards: each
-# guest connection then sees a guest of about 40 Services, as a small production guest), and how
+# guest connection then sees a guest of about 80 Services; 40 shards of 25 overload 2 cores), and how
 # many guest clusters are created at a time.
-BENCH_SHARD_SIZE         ?= 25
+BENCH_SHARD_SIZE         ?= 50
 BENCH_CREATE_CONCURRENCY ?= 8
 # TestBenchLargeGuest: one guest holding this many Services (docs/performance.md, "A large guest");
 # BENCH_BASELINE_BIN, when set, is measured too (e.g. an older manager binary).

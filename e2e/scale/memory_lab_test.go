@@ -14,8 +14,10 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -85,21 +87,27 @@ func TestScale_MemoryPerGuestCluster(t *testing.T) {
 		}
 	}()
 	for _, key := range keys {
-		var guest client.Client
 		g.Eventually(func() error {
-			guest, err = guests.GetClient(ctx, key)
+			_, err := guests.GetClient(ctx, key)
 			return err
 		}, time.Minute, 100*time.Millisecond).Should(Succeed(), "connecting to %s", key)
-		// A list through the cached client starts the kind's informer, as a controller's
-		// watch does.
-		for _, list := range []client.ObjectList{
-			&corev1.ServiceList{},
-			&admissionregistrationv1.ValidatingWebhookConfigurationList{},
-			&admissionregistrationv1.MutatingWebhookConfigurationList{},
-			&apiregistrationv1.APIServiceList{},
+		// A watch of each kind with an event handler, as a controller's watch adds one: the
+		// informer, and the handler's queue (client-go gives each handler a buffer of 1,024
+		// notifications, 16 KiB).
+		for _, kind := range []client.Object{
+			&corev1.Service{},
+			&admissionregistrationv1.ValidatingWebhookConfiguration{},
+			&admissionregistrationv1.MutatingWebhookConfiguration{},
+			&apiregistrationv1.APIService{},
 		} {
-			g.Expect(guest.List(ctx, list)).To(Succeed(), "listing %T of %s", list, key)
+			g.Expect(guests.Watch(ctx, key, handlerWatch{kind: kind})).To(Succeed(), "watching %T of %s", kind, key)
 		}
+	}
+	for _, key := range keys {
+		guest, err := guests.GetClient(ctx, key)
+		g.Expect(err).NotTo(HaveOccurred())
+		// Once each informer listed, a cached list answers.
+		g.Eventually(func() error { return guest.List(ctx, &apiregistrationv1.APIServiceList{}) }, time.Minute).Should(Succeed())
 	}
 	perGuest := (liveHeap() - base) / memoryGuests
 	stacksPerGuest := (stacks() - baseStacks) / memoryGuests
@@ -110,6 +118,21 @@ func TestScale_MemoryPerGuestCluster(t *testing.T) {
 	g.Expect(perGuest).To(BeNumerically("<=", maxHeapPerGuestCluster),
 		"the manager's live heap per guest cluster (docs/performance.md, \"Memory per guest cluster\")")
 	g.Expect(goroutinesPerGuest).To(BeNumerically("<=", maxGoroutinesPerGuestCluster), "goroutines per guest cluster")
+}
+
+// handlerWatch watches kind with an event handler that does nothing, as a controller's watch
+// (a Kind source) does: the informer's listener and its buffer.
+type handlerWatch struct{ kind client.Object }
+
+func (w handlerWatch) Name() string          { return fmt.Sprintf("memory-%T", w.kind) }
+func (w handlerWatch) Object() client.Object { return w.kind }
+func (w handlerWatch) Watch(c ctrlcache.Cache) error {
+	informer, err := c.GetInformer(context.Background(), w.kind)
+	if err != nil {
+		return err
+	}
+	_, err = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{})
+	return err
 }
 
 // writeHeapProfile writes the heap profile to $SCALE_HEAP_PROFILE+suffix when it is set, for
