@@ -31,15 +31,16 @@ const (
 	memoryGuests = 20
 	// maxHeapPerGuestCluster bounds the manager's live heap per connected guest cluster (its
 	// connection, the informers of the four kinds guestnet watches in a guest it exposes and
-	// bridges, and what they cache of a guest holding only what a new apiserver holds). It
-	// is a count of bytes after a forced GC, not a time: it does not depend on the machine's
-	// speed. Measured 2026-12-04 (docs/performance.md): CAPI's ClusterCache 611 KiB,
-	// internal/guestcache 152 KiB.
-	maxHeapPerGuestCluster = 200 << 10
+	// bridges, each with an event handler, and what they cache of a guest holding only what
+	// a new apiserver holds). It is a count of bytes after a forced GC, not a time: it does
+	// not depend on the machine's speed. Measured 2026-12-04 (docs/performance.md):
+	// internal/guestcache 233 KiB (152 KiB without the handlers; CAPI's ClusterCache 610 KiB
+	// without them).
+	maxHeapPerGuestCluster = 280 << 10
 	// maxGoroutinesPerGuestCluster bounds the goroutines per connected guest cluster (their
-	// stacks are most of what it costs beside its heap: 45.5 goroutines, 171 KiB measured,
-	// the informers' reflectors, queues and watch streams).
-	maxGoroutinesPerGuestCluster = 50
+	// stacks are most of what it costs beside its heap: 53.5 goroutines, 190 KiB measured,
+	// the informers' reflectors, queues, watch streams and event handlers).
+	maxGoroutinesPerGuestCluster = 60
 )
 
 // The manager's live heap grows by a bounded amount per guest cluster it connects to
