@@ -47,6 +47,13 @@ type connection struct {
 	watches          sets.Set[string]
 }
 
+// probe sends the health probe, `GET /`, to the guest apiserver: at connect and every
+// healthProbeInterval after.
+func (conn *connection) probe(ctx context.Context) error {
+	_, err := conn.prober.Get().AbsPath("/").Timeout(healthProbeTimeout).DoRaw(ctx)
+	return err
+}
+
 func (g *guest) connected() bool { return g.current() != nil }
 
 func (g *guest) current() *connection {
@@ -92,7 +99,7 @@ func (g *guest) probe(ctx context.Context) error {
 	if conn == nil {
 		return nil
 	}
-	_, err := conn.prober.Get().AbsPath("/").Timeout(healthProbeTimeout).DoRaw(ctx)
+	err := conn.probe(ctx)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.health.LastProbeTime = time.Now()
@@ -169,7 +176,7 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 		listWatchHTTP: &http.Client{Transport: transport, Timeout: listWatchTimeout},
 		watches:       sets.New[string](),
 	}
-	if _, err := conn.prober.Get().AbsPath("/").Timeout(healthProbeTimeout).DoRaw(ctx); err != nil {
+	if err := conn.probe(ctx); err != nil {
 		return nil, fmt.Errorf("the guest apiserver does not answer: %w", err)
 	}
 

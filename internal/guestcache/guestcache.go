@@ -34,6 +34,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/predicates"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 )
 
 // Options configure the guest connections.
@@ -142,7 +144,7 @@ func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		return reconcile.Result{RequeueAfter: requeueAfterError}, nil
 	}
 	g := c.guestFor(req.NamespacedName)
-	if cluster.Status.Initialization.InfrastructureProvisioned == nil || !*cluster.Status.Initialization.InfrastructureProvisioned {
+	if !clusterscope.IsProvisioned(cluster) {
 		return reconcile.Result{}, nil // the Cluster's update brings it back
 	}
 
