@@ -1,4 +1,4 @@
-package e2e
+package scale_test
 
 import (
 	"context"
@@ -16,20 +16,23 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 )
 
+// shardMember is outside the fleets of the other tests (0..19, 900).
+const shardMember = 950
+
 // Guest shards (lab.StartGuestShards) are separate guest clusters: each apiserver has its own
 // address and CA and its own state in the guest's etcd (what one holds, the others and the
 // guest do not), and writes its own audit log. A fleet member put on a shard lives there: its
 // kubeconfig Secret and Cluster endpoint name the shard, its worker Nodes and guest Service
 // are in the shard only. The test logs a shard apiserver's idle RSS and CPU (docs/lab.md).
-// Its own lab: shards stay until the lab stops, and the package's shared lab has no audit.
+// It runs in this package's lab (it needs the audit log; a lab of its own cannot run beside
+// another package lab in one process: the host DNS stand-in has one address). Its shards stay
+// until the lab stops, and its fleet member is deleted at the end: the other tests count every
+// write of a manager that watches the whole host.
 func TestLab_GuestShardsAreSeparateGuestClusters(t *testing.T) {
-	lab.RequireLab(t)
+	l := shared.Get(t)
 	g := NewWithT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	l, err := lab.Start(ctx, lab.Options{Dir: t.TempDir(), Audit: true})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(l.Stop)
 
 	started := time.Now()
 	shards, err := l.StartGuestShards(ctx, 2)
@@ -41,7 +44,7 @@ func TestLab_GuestShardsAreSeparateGuestClusters(t *testing.T) {
 
 	t.Run("each shard holds its own cluster state", func(t *testing.T) {
 		g := NewWithT(t)
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: uniqueName("shard0")}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shard0-only"}}
 		g.Expect(shards[0].Client.Create(ctx, ns)).To(Succeed())
 		g.Expect(shards[0].Client.Get(ctx, client.ObjectKeyFromObject(ns), &corev1.Namespace{})).To(Succeed())
 		for _, other := range []*lab.Cluster{shards[1], l.Guest} {
@@ -55,8 +58,12 @@ func TestLab_GuestShardsAreSeparateGuestClusters(t *testing.T) {
 		shard := shards[1]
 		auditLog, err := shard.AuditLog()
 		g.Expect(err).NotTo(HaveOccurred())
-		m, err := l.CreateFleetMember(ctx, 7, lab.FleetOptions{Guest: shard, GuestIndex: 0, Bridge: true})
+		m, err := l.CreateFleetMember(ctx, shardMember, lab.FleetOptions{Guest: shard, GuestIndex: 0, Bridge: true})
 		g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(func() {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: m.Cluster.Namespace}}
+			g.Expect(client.IgnoreNotFound(l.Host.Client.Delete(context.Background(), ns))).To(Succeed())
+		})
 		g.Expect(m.Guest).To(BeIdenticalTo(shard))
 		g.Expect(m.Cluster.Guest).To(BeIdenticalTo(shard))
 
@@ -83,7 +90,7 @@ func TestLab_GuestShardsAreSeparateGuestClusters(t *testing.T) {
 		// The member's guest nodePorts come from its index on the shard, its IPs from its
 		// index in the fleet.
 		g.Expect(m.GuestIngress.Spec.Ports[0].NodePort).To(HaveValue(BeEquivalentTo(30000)))
-		g.Expect(m.GuestIngress.Spec.LoadBalancer.IP).To(Equal("10.98.200.8"))
+		g.Expect(m.GuestIngress.Spec.LoadBalancer.IP).To(Equal("10.98.203.201"))
 
 		reqs, err := auditLog.Next("")
 		g.Expect(err).NotTo(HaveOccurred())
