@@ -176,6 +176,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
+		// A resync reconciles each GuestIngress once, through For: every other watch passes
+		// only what changed (clusterscope.Changed), else each resync maps every host object to its
+		// GuestIngress again, and the watches that map to many (colliding claims, a policy)
+		// cost the whole fleet per object (docs/performance.md).
 		// Paused objects are not filtered out: their Paused condition must still be reported,
 		// and what their policy no longer admits is taken off.
 		For(&guestnetv1.GuestIngress{}, builder.WithPredicates(filter)).
@@ -189,27 +193,27 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		).
 		// A rollout of the workers changes PortsDeclared.
 		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToGuestIngresses),
-			builder.WithPredicates(filter)).
+			builder.WithPredicates(filter, clusterscope.Changed)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToGuestIngresses)).
 		// The host objects: the Service (its IP arrives in its status), its EndpointSlices
 		// (workers come and go), the pool (Cilium's PoolConflict) and the L2 policy (repaired
 		// when changed or deleted by someone else). A poolRef pool that appears ends PoolNotFound.
 		// (The pool and the L2 policy are watched once Cilium is installed: watchCilium.)
-		Owns(&corev1.Service{}).
-		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToGuestIngress)).
+		Owns(&corev1.Service{}, builder.WithPredicates(clusterscope.Changed)).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToGuestIngress), builder.WithPredicates(clusterscope.Changed)).
 		// Whether a poolRef GuestIngress holds its IP is read from its host Service: the
 		// GuestIngresses whose claims collide are decided again when it changes or goes.
-		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.hostServiceToCollidingGuestIngresses)).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.hostServiceToCollidingGuestIngresses), builder.WithPredicates(clusterscope.Changed)).
 		// A GuestIngress whose IP claim collides with another one's is decided again when
 		// that one changes or goes away; a policy's per-namespace cap when one comes or goes.
-		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.collidingGuestIngresses)).
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.collidingGuestIngresses), builder.WithPredicates(clusterscope.Changed)).
 		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.namespaceGuestIngresses),
 			builder.WithPredicates(createOrDelete)).
 		// One GuestIngress per guest Service: the others of the Cluster that name or hold a
 		// guest Service are decided again when one takes, gives back or stops naming it.
-		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.guestServiceRivalsOf)).
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(r.guestServiceRivalsOf), builder.WithPredicates(clusterscope.Changed)).
 		// Admission: the GuestIngressPolicies, and the labels of the namespaces they select.
-		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses)).
+		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses), builder.WithPredicates(clusterscope.Changed)).
 		// The host's own addresses: a Node that joins, an apiserver that moves, may take what a
 		// GuestIngress holds (rare: every GuestIngress is decided again).
 		WatchesRawSource(r.HostAddresses.Source(handler.EnqueueRequestsFromMapFunc(r.allGuestIngresses))).
@@ -250,7 +254,7 @@ func (r *Reconciler) watchAnnouncer(mgr ctrl.Manager, c controller.Controller, g
 	installedLater := !gate.Installed()
 	return func(context.Context) error {
 		for _, kind := range kinds {
-			if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(kind), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress))); err != nil {
+			if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(kind), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress), clusterscope.Changed)); err != nil {
 				return err
 			}
 		}
@@ -268,11 +272,11 @@ func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func
 	installedLater := !r.Cilium.Installed()
 	return func(context.Context) error {
 		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewPool()),
-			handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses))); err != nil {
+			handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses), clusterscope.Changed)); err != nil {
 			return err
 		}
 		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewL2Policy()),
-			handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress))); err != nil {
+			handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress), clusterscope.Changed)); err != nil {
 			return err
 		}
 		if !installedLater {

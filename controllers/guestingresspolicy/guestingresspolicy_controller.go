@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
@@ -90,7 +91,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Named(controllerName).
 		For(&guestnetv1.GuestIngressPolicy{}, builder.WithPredicates(filter)).
 		Watches(&corev1.Namespace{}, allPolicies, builder.WithPredicates(labelsChanged())).
-		Watches(&guestnetv1.GuestIngress{}, allPolicies, builder.WithPredicates(filter)).
+		// A resync of the GuestIngresses would ask for every policy once per GuestIngress.
+		Watches(&guestnetv1.GuestIngress{}, allPolicies, builder.WithPredicates(filter, clusterscope.Changed)).
 		WatchesRawSource(r.HostAddresses.Source(allPolicies)).
 		WithOptions(options).
 		Build(r)

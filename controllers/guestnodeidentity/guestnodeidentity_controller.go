@@ -122,15 +122,17 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
+		// A resync reconciles each GuestNodeIdentity once, through For: the other watches
+		// pass only what changed (clusterscope.Changed).
 		For(&guestnetv1.GuestNodeIdentity{}, builder.WithPredicates(filter)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(clusterToObjects),
 			builder.WithPredicates(clusterscope.ClusterChanged(), filter)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToObjects)).
 		// The manager's cache holds only worker virt-launcher pods (internal/manager).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.workerPodToObjects)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.workerPodToObjects), builder.WithPredicates(clusterscope.Changed)).
 		// Admission of the control plane addresses: the policies, the namespaces' labels and
 		// the host's own addresses.
-		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.withControlPlane)).
+		Watches(&guestnetv1.GuestIngressPolicy{}, handler.EnqueueRequestsFromMapFunc(r.withControlPlane), builder.WithPredicates(clusterscope.Changed)).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.withControlPlane),
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		WatchesRawSource(r.HostAddresses.Source(handler.EnqueueRequestsFromMapFunc(r.withControlPlane))).
@@ -148,7 +150,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	// or deleted by someone else), once Cilium is installed.
 	return r.Cilium.WhenInstalled(ctx, func(context.Context) error {
 		for _, obj := range []client.Object{ingress.NewPool(), ingress.NewL2Policy()} {
-			if err := c.Watch(source.Kind(mgr.GetCache(), obj, handler.EnqueueRequestsFromMapFunc(controlPlaneObjectToObject))); err != nil {
+			if err := c.Watch(source.Kind(mgr.GetCache(), obj, handler.EnqueueRequestsFromMapFunc(controlPlaneObjectToObject), clusterscope.Changed)); err != nil {
 				return err
 			}
 		}

@@ -138,6 +138,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
+		// A resync reconciles each bridge once, through For: the other watches pass only what
+		// changed (clusterscope.Changed).
 		// Paused objects are not filtered out: their Paused condition must still be reported.
 		For(&guestnetv1.GuestWebhookBridge{}, builder.WithPredicates(filter)).
 		Watches(&clusterv1.Cluster{},
@@ -146,13 +148,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		).
 		// A rollout of the workers changes PortsDeclared.
 		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToBridges),
-			builder.WithPredicates(filter)).
+			builder.WithPredicates(filter, clusterscope.Changed)).
 		WatchesRawSource(r.ClusterCache.GetClusterSource(controllerName, clusterToBridges)).
 		// A deleted <cluster>-kubeconfig Secret means the guest is gone for good: a deletion
 		// waiting for the guest gives up at once.
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.kubeconfigSecretToBridges)).
-		Owns(&corev1.Service{}).
-		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToBridge)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.kubeconfigSecretToBridges), builder.WithPredicates(clusterscope.Changed)).
+		Owns(&corev1.Service{}, builder.WithPredicates(clusterscope.Changed)).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.endpointSliceToBridge), builder.WithPredicates(clusterscope.Changed)).
 		WithOptions(options).
 		Build(r)
 	if err != nil {

@@ -338,14 +338,17 @@ func setInvalidSpec(gwb *guestnetv1.GuestWebhookBridge, err error) {
 	conditions.Delete(gwb, guestnetv1.TargetsReachableCondition)
 }
 
-// observeGuest lists what targets are selected from, and every guest Service.
+// observeGuest lists what targets are selected from, and every guest Service. From the guest
+// cache they are the cache's own objects, not copies (client.UnsafeDisableDeepCopy): every
+// reconcile lists every guest Service, and copying them cost more than the rest of the
+// reconcile (docs/performance.md). Nothing may change them: bridge.Apply works on a copy.
 func observeGuest(ctx context.Context, guest client.Reader) (bridge.Observed, []corev1.Service, error) {
 	apiServices := &apiregistrationv1.APIServiceList{}
 	validating := &admissionregistrationv1.ValidatingWebhookConfigurationList{}
 	mutating := &admissionregistrationv1.MutatingWebhookConfigurationList{}
 	services := &corev1.ServiceList{}
 	for _, list := range []client.ObjectList{apiServices, validating, mutating, services} {
-		if err := guest.List(ctx, list); err != nil {
+		if err := guest.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 			return bridge.Observed{}, nil, fmt.Errorf("listing %T in the guest: %w", list, err)
 		}
 	}

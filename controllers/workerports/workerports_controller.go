@@ -98,10 +98,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName).
 		For(&clusterv1.Cluster{}, builder.WithPredicates(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue))).
-		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
-		Watches(&guestnetv1.GuestWebhookBridge{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
-		Watches(&guestnetv1.GuestNodeIdentity{}, handler.EnqueueRequestsFromMapFunc(objectToCluster)).
-		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToCluster)).
+		// A resync reconciles each Cluster once, through For: the other watches pass only
+		// what changed (clusterscope.Changed).
+		Watches(&guestnetv1.GuestIngress{}, handler.EnqueueRequestsFromMapFunc(objectToCluster), builder.WithPredicates(clusterscope.Changed)).
+		Watches(&guestnetv1.GuestWebhookBridge{}, handler.EnqueueRequestsFromMapFunc(objectToCluster), builder.WithPredicates(clusterscope.Changed)).
+		Watches(&guestnetv1.GuestNodeIdentity{}, handler.EnqueueRequestsFromMapFunc(objectToCluster), builder.WithPredicates(clusterscope.Changed)).
+		Watches(&clusterv1.MachineDeployment{}, handler.EnqueueRequestsFromMapFunc(machineDeploymentToCluster), builder.WithPredicates(clusterscope.Changed)).
 		// A deleted MachineSet may free the template it referenced. CAPI deletes the old one
 		// after the rollout, often when the MachineDeployment no longer changes.
 		Watches(machineSetMetadata(), handler.EnqueueRequestsFromMapFunc(machineSetToCluster),
@@ -124,7 +126,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	// KubevirtClusters: whether CAPK SSHes into the VMs (22/TCP) is their managed-by
 	// annotation, which may come after the Cluster's first reconcile.
 	return r.CAPK.WhenInstalled(ctx, func(context.Context) error {
-		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(templateMetadata()), handler.EnqueueRequestsFromMapFunc(r.templateToClusters))); err != nil {
+		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(templateMetadata()), handler.EnqueueRequestsFromMapFunc(r.templateToClusters), clusterscope.Changed)); err != nil {
 			return err
 		}
 		return c.Watch(source.Kind(mgr.GetCache(), client.Object(kubevirtClusterMetadata()), handler.EnqueueRequestsFromMapFunc(r.infraClusterToClusters),

@@ -137,11 +137,17 @@ func TestScale_WritesPerObjectAndASilentSteadyState(t *testing.T) {
 
 	// Steady state: wait until every GuestIngress was reconciled again by the resync (nothing
 	// else changes), then count.
-	before := reconciles(g, mgr, "guestingress")
+	before, since := reconciles(g, mgr, "guestingress"), time.Now()
 	g.Eventually(func() float64 { return reconciles(g, mgr, "guestingress") - before }).
 		WithTimeout(4 * resync).WithPolling(time.Second).Should(BeNumerically(">=", fleetSize))
 	steady := settle(t, next)
-	steady.log(t, fmt.Sprintf("steady state (%v of GuestIngress reconciles by the resync)", reconciles(g, mgr, "guestingress")-before))
+	resynced, window := reconciles(g, mgr, "guestingress")-before, time.Since(since)
+	steady.log(t, fmt.Sprintf("steady state (%v GuestIngress reconciles in %v)", resynced, window.Round(time.Second)))
+	// A resync reconciles each GuestIngress once, through its own watch: the resync of the
+	// objects mapped to it (its host Service, pool, Cluster, the other GuestIngresses) adds
+	// nothing, else each resync costs the fleet times the watches (docs/performance.md).
+	g.Expect(resynced).To(BeNumerically("<=", fleetSize*resyncWaves(window)),
+		"GuestIngress reconciles in %v of steady state, by %d GuestIngresses resynced every %v", window, fleetSize, resync)
 	g.Expect(steady.writes(all)).To(BeZero(), "writes at steady state:\n%s", steady.counts(isWrite))
 	g.Expect(steady.reads()).To(BeZero(), "live reads at steady state:\n%s", steady.counts(isRead))
 	for _, m := range paused {
@@ -244,6 +250,13 @@ func (p phase) log(t *testing.T, name string) {
 	t.Logf("%s: %d writes (%d of them status, %d events), %d live reads:\n%s", name,
 		p.writes(all), status, p.writes(all)-p.writes(notEvents), p.reads(),
 		p.counts(func(r lab.AuditRequest) bool { return r.Write() || r.Read() }))
+}
+
+// resyncWaves is the most resyncs of one informer that a window can hold: controller-runtime
+// gives each informer a period of 0.9 to 1.1 times the SyncPeriod (pkg/cache/internal,
+// calculateResyncPeriod), and the window may begin in one.
+func resyncWaves(window time.Duration) float64 {
+	return float64(window)/(0.9*float64(resync)) + 1
 }
 
 // reconciles is how many reconciles the manager's controller has done, from its /metrics.

@@ -32,3 +32,9 @@ func ClusterChanged() predicate.Funcs {
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 }
+
+// Changed passes creations, deletions and the updates that change an object (a new
+// resourceVersion), not a resync's. A controller's watches other than For use it: the
+// resync of For reconciles each object once, and the resync of what is mapped to it would
+// only add reconciles, the fleet's worth for a watch that maps to many (docs/performance.md).
+var Changed = predicate.ResourceVersionChangedPredicate{}
