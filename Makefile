@@ -191,7 +191,7 @@ bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) BENCH_N="$(BENCH_N)" BENCH_BRIDGE_EVERY=$(BENCH_BRIDGE_EVERY) \
 		BENCH_SHARD_SIZE=$(BENCH_SHARD_SIZE) BENCH_CREATE_CONCURRENCY=$(BENCH_CREATE_CONCURRENCY) \
 		BENCH_GUEST_SERVICES=$(BENCH_GUEST_SERVICES) BENCH_BASELINE_BIN=$(BENCH_BASELINE_BIN) \
-		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 120m -run TestBench -v ./e2e/bench/
+		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 180m -run TestBench -v ./e2e/bench/
 
 # Where `make generate` writes; verify-generate points these at a scratch directory.
 GEN_OBJECT_DIR ?=
