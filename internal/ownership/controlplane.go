@@ -46,6 +46,6 @@ func ControlPlaneAnnotations(gni *guestnetv1.GuestNodeIdentity) map[string]strin
 // control plane address of a GuestNodeIdentity of gni's namespace and name. Nothing else is
 // ever changed or deleted for it.
 func IsControlPlaneObject(obj metav1.Object, gni *guestnetv1.GuestNodeIdentity) bool {
-	return obj.GetLabels()[ManagedByLabel] == ManagedByValue &&
-		obj.GetAnnotations()[NodeIdentityAnnotation] == gni.Namespace+"/"+gni.Name
+	return labelOf(obj, ManagedByLabel) == ManagedByValue &&
+		annotationOf(obj, NodeIdentityAnnotation) == gni.Namespace+"/"+gni.Name
 }

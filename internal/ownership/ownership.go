@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -85,14 +86,14 @@ func Annotations(gi *guestnetv1.GuestIngress) map[string]string {
 // with a watch filter reconciles only GuestIngresses labelled with its value, so the label is
 // that value; an instance without one reconciles everything and sweeps every mark.
 func InstanceMark(gi metav1.Object) string {
-	return gi.GetLabels()[clusterv1.WatchLabel]
+	return labelOf(gi, clusterv1.WatchLabel)
 }
 
 // MadeByInstance reports whether obj, a host object of guestnet's, was made by the manager
 // instance with this watch-filter value: its WatchFilterAnnotation is that value. An instance
 // without a watch filter (value "") made, and sweeps, all of them.
 func MadeByInstance(obj metav1.Object, watchFilterValue string) bool {
-	return watchFilterValue == "" || obj.GetAnnotations()[WatchFilterAnnotation] == watchFilterValue
+	return watchFilterValue == "" || annotationOf(obj, WatchFilterAnnotation) == watchFilterValue
 }
 
 // MadeForUID is the UID of the GuestIngress obj was made for: a host Service's controller
@@ -102,7 +103,7 @@ func MadeForUID(obj metav1.Object) types.UID {
 	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil && ref.Kind == "GuestIngress" {
 		return ref.UID
 	}
-	return types.UID(obj.GetAnnotations()[GuestIngressUIDAnnotation])
+	return types.UID(annotationOf(obj, GuestIngressUIDAnnotation))
 }
 
 // Orphaned reports whether obj, a host object made for a GuestIngress of live's key, is an
@@ -123,7 +124,7 @@ func Orphaned(obj metav1.Object, live *guestnetv1.GuestIngress, watchFilterValue
 // writing them.
 func NeedsMarks(obj metav1.Object, gi *guestnetv1.GuestIngress) bool {
 	for k, v := range Annotations(gi) {
-		if obj.GetAnnotations()[k] != v {
+		if annotationOf(obj, k) != v {
 			return true
 		}
 	}
@@ -149,9 +150,9 @@ func IsOwnedBy(obj metav1.Object, gi *guestnetv1.GuestIngress) bool {
 		return ref.Kind == "GuestIngress" && ref.Name == gi.Name &&
 			(gi.UID == "" || ref.UID == gi.UID) && obj.GetNamespace() == gi.Namespace
 	}
-	uid := obj.GetAnnotations()[GuestIngressUIDAnnotation]
-	return obj.GetLabels()[ManagedByLabel] == ManagedByValue &&
-		obj.GetAnnotations()[GuestIngressAnnotation] == gi.Namespace+"/"+gi.Name &&
+	uid := annotationOf(obj, GuestIngressUIDAnnotation)
+	return labelOf(obj, ManagedByLabel) == ManagedByValue &&
+		annotationOf(obj, GuestIngressAnnotation) == gi.Namespace+"/"+gi.Name &&
 		(uid == "" || gi.UID == "" || types.UID(uid) == gi.UID)
 }
 
@@ -159,15 +160,38 @@ func IsOwnedBy(obj metav1.Object, gi *guestnetv1.GuestIngress) bool {
 // owner reference (Services) or its annotation (pools, policies); ok is false for objects
 // guestnet did not create.
 func GuestIngressOf(obj metav1.Object) (types.NamespacedName, bool) {
-	if obj.GetLabels()[ManagedByLabel] != ManagedByValue {
+	if labelOf(obj, ManagedByLabel) != ManagedByValue {
 		return types.NamespacedName{}, false
 	}
 	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil && ref.Kind == "GuestIngress" && obj.GetNamespace() != "" {
 		return types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}, true
 	}
-	ns, name, ok := strings.Cut(obj.GetAnnotations()[GuestIngressAnnotation], "/")
+	ns, name, ok := strings.Cut(annotationOf(obj, GuestIngressAnnotation), "/")
 	if !ok || ns == "" || name == "" {
 		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, true
+}
+
+// labelOf and annotationOf read one label or annotation of obj. An Unstructured's GetLabels
+// and GetAnnotations copy its maps on every call, and every GuestIngress reconcile asks whose
+// each pool and L2 policy of the host is (docs/performance.md).
+func labelOf(obj metav1.Object, key string) string {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		return metadataEntry(u, "labels", key)
+	}
+	return obj.GetLabels()[key]
+}
+
+func annotationOf(obj metav1.Object, key string) string {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		return metadataEntry(u, "annotations", key)
+	}
+	return obj.GetAnnotations()[key]
+}
+
+func metadataEntry(u *unstructured.Unstructured, field, key string) string {
+	v, _, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", field, key)
+	s, _ := v.(string)
+	return s
 }

@@ -6,6 +6,8 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
@@ -169,4 +171,29 @@ func TestBridgeLabelsAndOwnership(t *testing.T) {
 		obj := &metav1.ObjectMeta{Labels: tt.labels, Annotations: tt.annotations}
 		g.Expect(IsBridgeObject(obj, b)).To(Equal(tt.want), tt.name)
 	}
+}
+
+// Every GuestIngress reconcile asks whose each pool and L2 policy of the host is (madeFor,
+// held): reading a label or annotation of an Unstructured must not copy its maps, which cost
+// the manager tens of MiB in flight at N=1,000 (docs/performance.md). Counted, not timed.
+func TestReadingPoolMarksAllocatesNothing(t *testing.T) {
+	g := NewWithT(t)
+	owner := gi("tenant", "web", "c1")
+	pool := &unstructured.Unstructured{Object: map[string]any{}}
+	pool.SetName(hostnames.Pool(owner))
+	pool.SetLabels(Labels(owner))
+	pool.SetAnnotations(Annotations(owner))
+	var key types.NamespacedName
+	var owned, made, orphaned bool
+	allocs := testing.AllocsPerRun(100, func() {
+		key, _ = GuestIngressOf(pool)
+		owned = IsOwnedBy(pool, owner)
+		made = MadeByInstance(pool, "shard-a")
+		orphaned = Orphaned(pool, owner, "")
+	})
+	g.Expect(key).To(Equal(types.NamespacedName{Namespace: "tenant", Name: "web"}))
+	g.Expect(owned).To(BeTrue())
+	g.Expect(made).To(BeFalse())
+	g.Expect(orphaned).To(BeFalse())
+	g.Expect(allocs).To(BeZero())
 }
