@@ -47,10 +47,10 @@ type connection struct {
 	watches          sets.Set[string]
 }
 
-// probe sends the health probe, `GET /`, to the guest apiserver: at connect and every
-// healthProbeInterval after.
-func (conn *connection) probe(ctx context.Context) error {
-	_, err := conn.prober.Get().AbsPath("/").Timeout(healthProbeTimeout).DoRaw(ctx)
+// probe sends the health probe, `GET /`, to the guest apiserver, giving it timeout: at
+// connect and every health probe interval after.
+func (conn *connection) probe(ctx context.Context, timeout time.Duration) error {
+	_, err := conn.prober.Get().AbsPath("/").Timeout(timeout).DoRaw(ctx)
 	return err
 }
 
@@ -94,12 +94,12 @@ func (g *guest) connect(ctx context.Context, c *Cache) error {
 }
 
 // probe sends `GET /` to the guest apiserver and records the answer.
-func (g *guest) probe(ctx context.Context) error {
+func (g *guest) probe(ctx context.Context, timeout time.Duration) error {
 	conn := g.current()
 	if conn == nil {
 		return nil
 	}
-	err := conn.probe(ctx)
+	err := conn.probe(ctx, timeout)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.health.LastProbeTime = time.Now()
@@ -176,7 +176,7 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 		listWatchHTTP: &http.Client{Transport: transport, Timeout: listWatchTimeout},
 		watches:       sets.New[string](),
 	}
-	if err := conn.probe(ctx); err != nil {
+	if err := conn.probe(ctx, c.healthProbe.Timeout); err != nil {
 		return nil, fmt.Errorf("the guest apiserver does not answer: %w", err)
 	}
 

@@ -72,6 +72,21 @@ const (
 	requeueAfterError = 10 * time.Second
 )
 
+// healthProbeConfig is how a connected guest is probed: every Interval, each probe given
+// Timeout, the connection dropped after FailureThreshold failures in a row. Production uses
+// defaultHealthProbe, CAPI's values; the package's tests shorten them.
+type healthProbeConfig struct {
+	Interval         time.Duration
+	Timeout          time.Duration
+	FailureThreshold int
+}
+
+var defaultHealthProbe = healthProbeConfig{
+	Interval:         healthProbeInterval,
+	Timeout:          healthProbeTimeout,
+	FailureThreshold: healthProbeFailureThreshold,
+}
+
 // Cache holds the connection to the guest apiserver of each provisioned Cluster.
 type Cache struct {
 	clusters client.Reader
@@ -81,6 +96,8 @@ type Cache struct {
 	// ctx is the lifetime of every guest's cache (Shutdown ends it).
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	healthProbe healthProbeConfig
 
 	mu            sync.Mutex
 	guests        map[client.ObjectKey]*guest
@@ -98,6 +115,23 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options, contr
 	if opts.SecretClient == nil || opts.UserAgent == "" {
 		return nil, errors.New("guestcache: SecretClient and UserAgent must be set")
 	}
+	c := newCache(mgr.GetClient(), mgr.GetScheme(), opts)
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named("guestcache").
+		For(&clusterv1.Cluster{}).
+		WithOptions(controllerOpts).
+		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), ctrl.LoggerFrom(ctx), opts.WatchFilterValue)).
+		Complete(c)
+	if err != nil {
+		c.Shutdown()
+		return nil, fmt.Errorf("setting up the guest connections' controller: %w", err)
+	}
+	return c, nil
+}
+
+// newCache returns a Cache that reads the Clusters from clusters, with the defaults of opts
+// filled in, that no controller reconciles yet.
+func newCache(clusters client.Reader, scheme *runtime.Scheme, opts Options) *Cache {
 	if opts.Timeout == 0 {
 		opts.Timeout = 10 * time.Second
 	}
@@ -107,28 +141,18 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options, contr
 	if opts.Burst == 0 {
 		opts.Burst = 30
 	}
-	cacheCtx, cancel := context.WithCancel(context.Background())
-	c := &Cache{
-		clusters: mgr.GetClient(), scheme: mgr.GetScheme(), opts: opts,
-		ctx: cacheCtx, cancel: cancel,
-		guests: map[client.ObjectKey]*guest{}, retryInterval: defaultConnectRetryInterval,
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Cache{
+		clusters: clusters, scheme: scheme, opts: opts,
+		ctx: ctx, cancel: cancel,
+		healthProbe: defaultHealthProbe,
+		guests:      map[client.ObjectKey]*guest{}, retryInterval: defaultConnectRetryInterval,
 	}
-	err := ctrl.NewControllerManagedBy(mgr).
-		Named("guestcache").
-		For(&clusterv1.Cluster{}).
-		WithOptions(controllerOpts).
-		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), ctrl.LoggerFrom(ctx), opts.WatchFilterValue)).
-		Complete(c)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("setting up the guest connections' controller: %w", err)
-	}
-	return c, nil
 }
 
 // Reconcile connects to the Cluster's guest once its infrastructure is provisioned (not
 // sooner than the retry interval after a failed try), probes a connected guest every
-// healthProbeInterval, drops its connection after healthProbeFailureThreshold failed probes
+// health probe interval, drops its connection after the failure threshold of failed probes
 // in a row or one Unauthorized answer (a rotated kubeconfig: it connects again at once),
 // and drops it when the Cluster is gone. Each connect and disconnect is an event for every
 // controller's GetClusterSource.
@@ -159,27 +183,27 @@ func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		}
 		log.Info("Connected")
 		c.send(cluster)
-		return reconcile.Result{RequeueAfter: healthProbeInterval}, nil
+		return reconcile.Result{RequeueAfter: c.healthProbe.Interval}, nil
 	}
 
-	if wait := g.state().LastProbeTime.Add(healthProbeInterval).Sub(now); wait > 0 {
+	if wait := g.state().LastProbeTime.Add(c.healthProbe.Interval).Sub(now); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
-	switch err := g.probe(ctx); {
+	switch err := g.probe(ctx, c.healthProbe.Timeout); {
 	case err == nil:
-		return reconcile.Result{RequeueAfter: healthProbeInterval}, nil
+		return reconcile.Result{RequeueAfter: c.healthProbe.Interval}, nil
 	case apierrors.IsUnauthorized(err):
 		log.Info("Disconnected: the guest apiserver no longer accepts the credentials", "error", err.Error())
 		g.disconnect()
 		c.send(cluster)
 		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
-	case g.state().ConsecutiveFailures >= healthProbeFailureThreshold:
-		log.Info("Disconnected: the guest apiserver did not answer the health probe", "failures", healthProbeFailureThreshold, "error", err.Error())
+	case g.state().ConsecutiveFailures >= c.healthProbe.FailureThreshold:
+		log.Info("Disconnected: the guest apiserver did not answer the health probe", "failures", c.healthProbe.FailureThreshold, "error", err.Error())
 		g.disconnect()
 		c.send(cluster)
 		return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
 	default:
-		return reconcile.Result{RequeueAfter: healthProbeInterval}, nil
+		return reconcile.Result{RequeueAfter: c.healthProbe.Interval}, nil
 	}
 }
 
