@@ -203,28 +203,6 @@ func isLocalPlan(s *scope) bool {
 	return s.plan != nil && s.plan.Host && ingress.Local(s.guestIngress)
 }
 
-// listAnnouncers lists, from the manager's cache, the BGP and MetalLB objects guestnet made
-// (its label), of the APIs the host serves: what the sweep looks through for a GuestIngress
-// that is gone or another one. The cache's own objects: never change them.
-func (r *Reconciler) listAnnouncers(ctx context.Context) ([]unstructured.Unstructured, error) {
-	var out []unstructured.Unstructured
-	for _, kind := range ingress.AnnouncerKinds().List() {
-		if !r.gateOf(kind).Installed() {
-			continue
-		}
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(kind.GroupVersionKind().GroupVersion().WithKind(kind.GetKind() + "List"))
-		if err := r.Client.List(ctx, list, readOnly, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
-			if optional.IsMissing(err) {
-				continue
-			}
-			return nil, fmt.Errorf("listing %ss: %w", kind.GetKind(), err)
-		}
-		out = append(out, list.Items...)
-	}
-	return out, nil
-}
-
 // metalLBPools are every MetalLB IPAddressPool, guestnet's and the platform's: admission
 // refuses a claim that overlaps one not made for it (MetalLB refuses its whole configuration
 // when two pools overlap).

@@ -156,7 +156,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if r.CiliumConfigs == nil {
 		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
-	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestIngress{}); err != nil {
+	if err := addIndexes(ctx, mgr.GetFieldIndexer(), hostIndexes()); err != nil {
 		return err
 	}
 
@@ -252,7 +252,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // came later (those refused for the missing API build their chain then).
 func (r *Reconciler) watchAnnouncer(mgr ctrl.Manager, c controller.Controller, gate *optional.Gate, kinds []*unstructured.Unstructured) func(context.Context) error {
 	installedLater := !gate.Installed()
-	return func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := addIndexes(ctx, mgr.GetFieldIndexer(), announcerIndexes(kinds)); err != nil {
+			return err
+		}
 		for _, kind := range kinds {
 			if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(kind), handler.EnqueueRequestsFromMapFunc(r.hostObjectToGuestIngress), clusterscope.Changed)); err != nil {
 				return err
@@ -270,7 +273,10 @@ func (r *Reconciler) watchAnnouncer(mgr ctrl.Manager, c controller.Controller, g
 // reported CiliumLBIPAMNotInstalled build their chain then).
 func (r *Reconciler) watchCilium(mgr ctrl.Manager, c controller.Controller) func(context.Context) error {
 	installedLater := !r.Cilium.Installed()
-	return func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := addIndexes(ctx, mgr.GetFieldIndexer(), ciliumIndexes()); err != nil {
+			return err
+		}
 		if err := c.Watch(source.Kind(mgr.GetCache(), client.Object(ingress.NewPool()),
 			handler.EnqueueRequestsFromMapFunc(r.poolToGuestIngresses), clusterscope.Changed)); err != nil {
 			return err

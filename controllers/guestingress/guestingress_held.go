@@ -16,7 +16,6 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
@@ -54,7 +53,11 @@ func (r *Reconciler) reconcileHeld(ctx context.Context, s *scope) error {
 		return err
 	}
 	gi, o := s.guestIngress, s.host
-	swept, err := r.sweep(ctx, client.ObjectKeyFromObject(gi), r.madeFor(s.world, client.ObjectKeyFromObject(gi)), gi)
+	made, err := r.madeFor(ctx, client.ObjectKeyFromObject(gi))
+	if err != nil {
+		return err
+	}
+	swept, err := r.sweep(ctx, client.ObjectKeyFromObject(gi), made, gi)
 	if err != nil || swept {
 		s.swept = swept
 		return err
@@ -169,67 +172,12 @@ func (r *Reconciler) sweepGone(ctx context.Context, key types.NamespacedName) er
 	if !r.Cilium.Installed() {
 		return nil
 	}
-	var candidates []client.Object
-	w := &hostWorld{}
-	var err error
-	if w.pools, w.l2Policies, w.services, err = r.listMarked(ctx, key.Namespace); err != nil {
+	candidates, err := r.madeFor(ctx, key)
+	if err != nil {
 		return err
 	}
-	if w.announcers, err = r.listAnnouncers(ctx); err != nil {
-		return err
-	}
-	candidates = r.madeFor(w, key)
 	_, err = r.sweep(ctx, key, candidates, nil)
 	return err
-}
-
-// listMarked lists, from the manager's cache, every pool and L2 policy and the host Services
-// of namespace that carry guestnet's label (the cache's own objects: never change them).
-func (r *Reconciler) listMarked(ctx context.Context, namespace string) (pools, l2Policies []unstructured.Unstructured, services []corev1.Service, err error) {
-	for _, gvk := range []struct {
-		list *[]unstructured.Unstructured
-		kind string
-	}{{&pools, ingress.PoolGVK.Kind}, {&l2Policies, ingress.L2PolicyGVK.Kind}} {
-		list := &unstructured.UnstructuredList{}
-		gv := ingress.PoolGVK.GroupVersion()
-		if gvk.kind == ingress.L2PolicyGVK.Kind {
-			gv = ingress.L2PolicyGVK.GroupVersion()
-		}
-		list.SetGroupVersionKind(gv.WithKind(gvk.kind + "List"))
-		if err := r.Client.List(ctx, list, readOnly); err != nil && !optional.IsMissing(err) {
-			return nil, nil, nil, fmt.Errorf("listing %ss: %w", gvk.kind, err)
-		}
-		*gvk.list = list.Items
-	}
-	svcs := &corev1.ServiceList{}
-	if err := r.Client.List(ctx, svcs, readOnly, client.InNamespace(namespace),
-		client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
-		return nil, nil, nil, fmt.Errorf("listing host Services: %w", err)
-	}
-	return pools, l2Policies, svcs.Items, nil
-}
-
-// madeFor are the host objects in w that this instance made for the GuestIngress key: pools
-// and L2 policies annotated for it and marked by this instance, host Services controlled by a
-// GuestIngress of that name and marked so. (Services whose labels a tenant stripped are not
-// in the cache; sweep finds those that a pool or L2 policy of the key names.)
-func (r *Reconciler) madeFor(w *hostWorld, key types.NamespacedName) []client.Object {
-	var out []client.Object
-	for _, list := range [][]unstructured.Unstructured{w.pools, w.l2Policies, w.announcers} {
-		for i := range list {
-			o := &list[i]
-			if k, ok := ownership.GuestIngressOf(o); ok && k == key && ownership.MadeByInstance(o, r.WatchFilterValue) {
-				out = append(out, o)
-			}
-		}
-	}
-	for i := range w.services {
-		o := &w.services[i]
-		if k, ok := ownership.GuestIngressOf(o); ok && k == key && ownership.MadeByInstance(o, r.WatchFilterValue) {
-			out = append(out, o)
-		}
-	}
-	return out
 }
 
 // sweep deletes, of candidates (host objects this instance made for the GuestIngress key),

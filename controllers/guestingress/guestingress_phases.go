@@ -102,12 +102,20 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		return err
 	}
 	if o.Eligible() {
-		o.Self = ingress.Claimant{GuestIngress: gi, Held: w.held(gi), Eligible: true}
-		o.Claimants = ingress.Entangled(o.Self, w.claimants(gi))
+		held, err := r.held(ctx, w, gi)
+		if err != nil {
+			return err
+		}
+		o.Self = ingress.Claimant{GuestIngress: gi, Held: held, Eligible: true}
+		if o.Claimants, err = r.entangledClaimants(ctx, w, o.Self); err != nil {
+			return err
+		}
 		if err := r.eligibleClaimants(ctx, w, o.Claimants); err != nil {
 			return err
 		}
-		o.ForeignPools = w.foreignPools()
+		if o.ForeignPools, err = r.foreignPools(ctx, w, gi); err != nil {
+			return err
+		}
 	}
 	if s.guestClient != nil && o.Eligible() {
 		if err := r.watchGuestServices(ctx, s); err != nil {
@@ -129,10 +137,9 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// observeHost reads what a reconcile knows of the host before it looks at anything else: every
-// GuestIngress, pool, L2 policy, GuestIngressPolicy and guestnet host Service (s.world), the
-// policy's decision for the GuestIngress and its host objects (s.host, s.admissionInput). It
-// changes nothing.
+// observeHost reads what a reconcile knows of the host before it looks at anything else: what
+// admission reads (s.world), the policy's decision for the GuestIngress and its host objects
+// (s.host, s.admissionInput). It changes nothing.
 func (r *Reconciler) observeHost(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
 	w, err := r.readHost(ctx)
@@ -152,41 +159,36 @@ func (r *Reconciler) observeHost(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// hostWorld is what one reconcile reads from the manager's cache about every GuestIngress and
-// pool: the ground of the claims and of admission. Its GuestIngresses, pools and Services are
-// the cache's own objects, not copies (readOnly): nothing may change them. What a reconcile
-// writes is built anew (internal/ingress) or read with Get, which copies.
+// hostWorld is what one reconcile reads from the manager's cache: what admission reads (every
+// pool, MetalLB pool and GuestIngressPolicy, the namespaces) and, as they are asked for, the
+// claims near the GuestIngress's own (guestingress_claims.go). Its objects are the cache's
+// own, not copies (readOnly): nothing may change them. What a reconcile writes is built anew
+// (internal/ingress) or read with Get, which copies.
 type hostWorld struct {
-	guestIngresses []guestnetv1.GuestIngress
-	pools          []unstructured.Unstructured
-	poolsByName    map[string]*unstructured.Unstructured
-	l2Policies     []unstructured.Unstructured
-	// announcers are guestnet's BGP and MetalLB objects (listAnnouncers); allMetalLBPools
-	// every MetalLB pool, guestnet's and the platform's.
-	announcers      []unstructured.Unstructured
+	// pools are every pool: LB-IPAM gives a Service without a fixed IP an IP from any pool
+	// that selects it, so admission reads them all (policy.Input.Pools).
+	pools       []unstructured.Unstructured
+	poolsByName map[string]*unstructured.Unstructured
+	// allMetalLBPools are every MetalLB pool, guestnet's and the platform's.
 	allMetalLBPools []unstructured.Unstructured
 	policies        []guestnetv1.GuestIngressPolicy
-	// services are the host Services guestnet created (labelled so: the cache holds no
-	// other); hostServices the same, by their GuestIngress.
-	services     []corev1.Service
-	hostServices map[types.NamespacedName]*corev1.Service
-	namespaces   map[string]*corev1.Namespace
+	namespaces      map[string]*corev1.Namespace
 	// host are the host's own addresses (internal/hostaddrs).
 	host hostaddrs.Set
+	// claimants are the GuestIngresses read as claimants (an empty one: it does not exist),
+	// near the claimants filed under each address key read.
+	claimants map[types.NamespacedName]ingress.Claimant
+	near      map[string][]ingress.Claimant
 }
 
 func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
-	w := &hostWorld{poolsByName: map[string]*unstructured.Unstructured{}, hostServices: map[types.NamespacedName]*corev1.Service{},
-		namespaces: map[string]*corev1.Namespace{}}
+	w := &hostWorld{poolsByName: map[string]*unstructured.Unstructured{}, namespaces: map[string]*corev1.Namespace{},
+		claimants: map[types.NamespacedName]ingress.Claimant{}, near: map[string][]ingress.Claimant{}}
 	var err error
 	if w.host, err = r.HostAddresses.Reserved(ctx); err != nil {
 		return nil, err
 	}
-	if w.guestIngresses, err = r.conflictCandidates(ctx); err != nil {
-		return nil, err
-	}
-	pools := &unstructured.UnstructuredList{}
-	pools.SetGroupVersionKind(ingress.PoolGVK.GroupVersion().WithKind(ingress.PoolGVK.Kind + "List"))
+	pools := poolList()
 	if err := r.Client.List(ctx, pools, readOnly); err != nil {
 		return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
 	}
@@ -194,46 +196,26 @@ func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
 	for i := range w.pools {
 		w.poolsByName[w.pools[i].GetName()] = &w.pools[i]
 	}
-	l2Policies := &unstructured.UnstructuredList{}
-	l2Policies.SetGroupVersionKind(ingress.L2PolicyGVK.GroupVersion().WithKind(ingress.L2PolicyGVK.Kind + "List"))
-	if err := r.Client.List(ctx, l2Policies, readOnly); err != nil {
-		return nil, fmt.Errorf("listing CiliumL2AnnouncementPolicies: %w", err)
-	}
-	w.l2Policies = l2Policies.Items
-	if w.announcers, err = r.listAnnouncers(ctx); err != nil {
-		return nil, err
-	}
 	if w.allMetalLBPools, err = r.listMetalLBPools(ctx); err != nil {
 		return nil, err
 	}
 	policies := &guestnetv1.GuestIngressPolicyList{}
-	if err := r.Client.List(ctx, policies); err != nil {
+	if err := r.Client.List(ctx, policies, readOnly); err != nil {
 		return nil, fmt.Errorf("listing GuestIngressPolicies: %w", err)
 	}
 	w.policies = policies.Items
-	services := &corev1.ServiceList{}
-	if err := r.Client.List(ctx, services, readOnly, client.MatchingLabels{ownership.ManagedByLabel: ownership.ManagedByValue}); err != nil {
-		return nil, fmt.Errorf("listing host Services: %w", err)
-	}
-	w.services = services.Items
-	for i := range services.Items {
-		if key, ok := ownership.GuestIngressOf(&services.Items[i]); ok {
-			w.hostServices[key] = &services.Items[i]
-		}
-	}
 	return w, nil
 }
 
 // readOnly lists the cache's own objects instead of deep copies of them. Every GuestIngress
-// reconcile and several event mappers read every GuestIngress and pool: copying them cost
-// memory and CPU in proportion to the fleet on each (docs/performance.md). The
-// objects so listed must never be changed.
+// reconcile and several event mappers read many GuestIngresses and pools: copying them cost
+// memory and CPU in proportion to the fleet on each (docs/performance.md). The objects so
+// read must never be changed.
 var readOnly = client.UnsafeDisableDeepCopy
 
-// conflictCandidates lists the GuestIngresses whose claims may collide with another's: the
-// one place that looks them up (every GuestIngress today; an index by address later). They
-// are the cache's objects (readOnly): never change them.
-func (r *Reconciler) conflictCandidates(ctx context.Context) ([]guestnetv1.GuestIngress, error) {
+// listGuestIngresses lists every GuestIngress (the cache's objects, readOnly: never change
+// them): for what concerns them all (a policy, the host's own addresses).
+func (r *Reconciler) listGuestIngresses(ctx context.Context) ([]guestnetv1.GuestIngress, error) {
 	list := &guestnetv1.GuestIngressList{}
 	if err := r.Client.List(ctx, list, readOnly); err != nil {
 		return nil, fmt.Errorf("listing GuestIngresses: %w", err)
@@ -255,11 +237,9 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 		}
 		w.namespaces[gi.Namespace] = ns
 	}
-	var siblings []guestnetv1.GuestIngress
-	for _, other := range w.guestIngresses {
-		if other.Namespace == gi.Namespace && other.Name != gi.Name {
-			siblings = append(siblings, other)
-		}
+	siblings, err := r.siblings(ctx, gi)
+	if err != nil {
+		return policy.Input{}, ingress.Admission{}, err
 	}
 	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName, Host: w.host,
 		MetalLBPools: w.metalLBPools()}
@@ -271,8 +251,11 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 // (eligible), as a claim of address space: an older one refused by its policy does not keep
 // a newer admitted one from the Service.
 func (r *Reconciler) guestServiceRivals(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (ingress.GuestServiceRivals, error) {
-	var err error
-	rivals := ingress.GuestServiceRivalsOf(gi, w.guestIngresses, func(other *guestnetv1.GuestIngress) bool {
+	ofCluster, err := r.ofCluster(ctx, gi)
+	if err != nil {
+		return ingress.GuestServiceRivals{}, err
+	}
+	rivals := ingress.GuestServiceRivalsOf(gi, ofCluster, func(other *guestnetv1.GuestIngress) bool {
 		if err != nil {
 			return false
 		}
@@ -281,20 +264,6 @@ func (r *Reconciler) guestServiceRivals(ctx context.Context, w *hostWorld, gi *g
 		return ok
 	})
 	return rivals, err
-}
-
-// claimants are the other GuestIngresses as claimants, with what each holds on the host
-// (their eligibility is read by eligibleClaimants, for those that matter).
-func (w *hostWorld) claimants(gi *guestnetv1.GuestIngress) []ingress.Claimant {
-	var out []ingress.Claimant
-	for i := range w.guestIngresses {
-		other := &w.guestIngresses[i]
-		if other.Namespace == gi.Namespace && other.Name == gi.Name {
-			continue
-		}
-		out = append(out, ingress.Claimant{GuestIngress: other, Held: w.held(other)})
-	}
-	return out
 }
 
 // eligibleClaimants sets whether each claimant may hold anything: its Cluster exists and is
@@ -321,46 +290,6 @@ func (r *Reconciler) eligible(ctx context.Context, w *hostWorld, gi *guestnetv1.
 	}
 	_, a, err := r.admit(ctx, w, gi)
 	return a.Admitted, err
-}
-
-// held is the address space gi's objects occupy on the host: the blocks of its own pool, and
-// the IP its host Service requests or has when gi still asks for that IP (a host Service is in
-// the tenant's namespace: what it requests counts only as far as gi's spec asks for it).
-func (w *hostWorld) held(gi *guestnetv1.GuestIngress) ingress.Claim {
-	var held ingress.Claim
-	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil && ownership.IsOwnedBy(pool, gi) {
-		held.Prefixes = ingress.PoolBlocks(pool)
-	}
-	svc := w.hostServices[client.ObjectKeyFromObject(gi)]
-	if svc == nil || !ownership.IsOwnedBy(svc, gi) {
-		return held
-	}
-	wants := ingress.ClaimOf(gi)
-	for _, ip := range ingress.ServiceIPs(svc) {
-		if (ingress.Claim{IP: ip}).Collides(wants) {
-			held.IP = ip
-			break
-		}
-	}
-	return held
-}
-
-// foreignPools are the pools that are not guestnet's for a GuestIngress it knows: an admin's,
-// a shared one, or one of a GuestIngress that is gone.
-func (w *hostWorld) foreignPools() []*unstructured.Unstructured {
-	known := map[types.NamespacedName]bool{}
-	for i := range w.guestIngresses {
-		known[client.ObjectKeyFromObject(&w.guestIngresses[i])] = true
-	}
-	var out []*unstructured.Unstructured
-	for i := range w.pools {
-		pool := &w.pools[i]
-		if key, ok := ownership.GuestIngressOf(pool); ok && known[key] {
-			continue
-		}
-		out = append(out, pool)
-	}
-	return out
 }
 
 // observeHostObjects reads the host Service, pool and L2 policy guestnet creates for the
@@ -789,7 +718,7 @@ func (r *Reconciler) heldGuestService(ctx context.Context, s *scope) (*client.Ob
 	gi := s.guestIngress
 	ref := gi.Status.GuestService
 	if ref == nil {
-		all, err := r.conflictCandidates(ctx)
+		all, err := r.ofCluster(ctx, gi)
 		if err != nil {
 			return nil, err
 		}

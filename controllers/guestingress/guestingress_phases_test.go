@@ -2,6 +2,7 @@ package guestingress
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,7 +60,11 @@ func newFakeReconciler(t *testing.T, objs ...client.Object) *Reconciler {
 	for gvk := range scheme.AllKnownTypes() {
 		mapper.Add(gvk, meta.RESTScopeNamespace)
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme).WithRESTMapper(mapper).WithObjects(objs...).Build()
+	b := fake.NewClientBuilder().WithScheme(scheme).WithRESTMapper(mapper).WithObjects(objs...)
+	for _, i := range slices.Concat(hostIndexes(), ciliumIndexes(), announcerIndexes(ingress.AnnouncerKinds().List())) {
+		b = b.WithIndex(i.obj, i.field, i.extract)
+	}
+	c := b.Build()
 	return &Reconciler{
 		Client:       c,
 		APIReader:    c,

@@ -2,6 +2,7 @@ package guestingress
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -98,19 +99,15 @@ func (r *Reconciler) poolToGuestIngresses(ctx context.Context, o client.Object) 
 		return nil
 	}
 	requests := r.hostObjectToGuestIngress(ctx, o)
-	list, err := r.conflictCandidates(ctx)
-	if err != nil {
+	list := &guestnetv1.GuestIngressList{}
+	if err := r.Client.List(ctx, list, readOnly, client.MatchingFields{poolRefField: o.GetName()}); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
 		return requests
 	}
-	blocks := ingress.Claim{Prefixes: ingress.PoolBlocks(u)}
-	for i := range list {
-		gi := &list[i]
-		if ref := gi.Spec.LoadBalancer.PoolRef; (ref != nil && ref.Name == o.GetName()) || ingress.ClaimOf(gi).Collides(blocks) {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gi)})
-		}
+	for i := range list.Items {
+		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 	}
-	return requests
+	return append(requests, r.guestIngressesColliding(ctx, client.ObjectKey{}, ingress.Claim{Prefixes: ingress.PoolBlocks(u)})...)
 }
 
 // collidingGuestIngresses maps a GuestIngress to the other GuestIngresses whose IP claims
@@ -145,23 +142,32 @@ func (r *Reconciler) hostServiceToCollidingGuestIngresses(ctx context.Context, o
 }
 
 // guestIngressesColliding lists the GuestIngresses but except whose claims collide with any of
-// claims.
+// claims, through the address index (addressField).
 func (r *Reconciler) guestIngressesColliding(ctx context.Context, except client.ObjectKey, claims ...ingress.Claim) []reconcile.Request {
-	list, err := r.conflictCandidates(ctx)
-	if err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
-		return nil
+	var addresses []netip.Prefix
+	for _, c := range claims {
+		addresses = append(addresses, c.Addresses()...)
+	}
+	keys, all := ingress.AddressQuery(addresses)
+	if all {
+		keys = []string{""}
 	}
 	var requests []reconcile.Request
-	for i := range list {
-		other := &list[i]
-		key := client.ObjectKeyFromObject(other)
-		if key == except {
-			continue
+	for _, key := range keys {
+		list := &guestnetv1.GuestIngressList{}
+		if err := r.Client.List(ctx, list, readOnly, atAddress(key)); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
+			return nil
 		}
-		wants := ingress.ClaimOf(other)
-		if slices.ContainsFunc(claims, wants.Collides) {
-			requests = append(requests, reconcile.Request{NamespacedName: key})
+		for i := range list.Items {
+			other := &list.Items[i]
+			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(other)}
+			if req.NamespacedName == except || slices.Contains(requests, req) {
+				continue
+			}
+			if slices.ContainsFunc(claims, ingress.ClaimOf(other).Collides) {
+				requests = append(requests, req)
+			}
 		}
 	}
 	return requests
@@ -219,7 +225,7 @@ func (r *Reconciler) namespaceGuestIngresses(ctx context.Context, o client.Objec
 // allGuestIngresses maps a GuestIngressPolicy to every GuestIngress: which namespaces it
 // selects, and what it admits there, may have changed.
 func (r *Reconciler) allGuestIngresses(ctx context.Context, _ client.Object) []reconcile.Request {
-	list, err := r.conflictCandidates(ctx)
+	list, err := r.listGuestIngresses(ctx)
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
 		return nil

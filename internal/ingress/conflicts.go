@@ -102,21 +102,30 @@ func entangled(a, b Claimant) bool {
 // Entangled returns the claimants of others whose claims are entangled with self's, directly
 // or through a chain of others: every claimant whose fate can decide self's.
 func Entangled(self Claimant, others []Claimant) []Claimant {
+	in, _ := EntangledVia(self, func(Claimant) ([]Claimant, error) { return others, nil })
+	return in
+}
+
+// EntangledVia is Entangled with the claimants found by neighbors: for a claimant, a set of
+// claimants that holds at least every one entangled with it (an index by address, so that a
+// reconcile reads the claims near its own, not every claim of the host). A claimant is
+// identified by its GuestIngress's namespace and name; self is never returned.
+func EntangledVia(self Claimant, neighbors func(Claimant) ([]Claimant, error)) ([]Claimant, error) {
 	in := []Claimant{self}
-	rest := slices.Clone(others)
+	seen := map[string]bool{self.key(): true}
 	for i := 0; i < len(in); i++ {
-		rest = slices.DeleteFunc(rest, func(o Claimant) bool {
-			if o.key() == self.key() {
-				return true
-			}
-			if entangled(in[i], o) {
+		candidates, err := neighbors(in[i])
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range candidates {
+			if !seen[o.key()] && entangled(in[i], o) {
+				seen[o.key()] = true
 				in = append(in, o)
-				return true
 			}
-			return false
-		})
+		}
 	}
-	return in[1:]
+	return in[1:], nil
 }
 
 // precedes orders claimants: those that hold some of what they ask for first (a working
