@@ -35,7 +35,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
@@ -56,10 +55,6 @@ type Reconciler struct {
 
 	// ClusterCache gives access to the guest cluster through its <cluster>-kubeconfig Secret.
 	ClusterCache clustercache.ClusterCache
-
-	// CiliumConfigs serves each guest's cilium-config (PortsDeclared reads it on every
-	// reconcile); a memo of ports.CiliumConfigTTL when nil.
-	CiliumConfigs *ports.CiliumConfigMemo
 
 	// WatchFilterValue, when set, limits the controller to objects (and Clusters) labelled
 	// cluster.x-k8s.io/watch-filter=<value>.
@@ -152,9 +147,6 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	if r.Admit == nil {
 		r.Admit = policy.Admit
-	}
-	if r.CiliumConfigs == nil {
-		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
 	if err := clusterscope.AddClusterNameIndex(ctx, mgr, &guestnetv1.GuestIngress{}); err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -36,6 +37,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 )
 
 // Options configure the guest connections.
@@ -49,6 +51,14 @@ type Options struct {
 	Transform toolscache.TransformFunc
 	// DisableFor are the kinds the cached client reads live, never cached.
 	DisableFor []client.Object
+	// SingleObjects are objects, of kinds in DisableFor, that the cached client reads from a
+	// cache of that one object (a watch field-selected on its name, in its namespace),
+	// at most one per kind; every other object of their kinds is read live.
+	SingleObjects []client.Object
+	// Bounds caps what a guest's cache holds of the kinds it counts: the first informer of
+	// such a kind starts after a live count of it, and the cached client counts what its
+	// informers hold (guestbounds.Cached). None when nil.
+	Bounds *guestbounds.Bounds
 	// UserAgent, QPS and Burst of each guest's clients (QPS 20 and Burst 30 when 0).
 	UserAgent string
 	QPS       float32
@@ -349,10 +359,22 @@ func (c *Cache) send(cluster *clusterv1.Cluster) {
 // cacheOptions are the options of conn's cache: what every guest's cache stores, through
 // conn's mapper and transport.
 func (c *Cache) cacheOptions(conn *connection) ctrlcache.Options {
+	var byObject map[client.Object]ctrlcache.ByObject
+	for _, obj := range c.opts.SingleObjects {
+		if byObject == nil {
+			byObject = map[client.Object]ctrlcache.ByObject{}
+		}
+		name := fields.OneTermEqualSelector("metadata.name", obj.GetName())
+		byObject[obj] = ctrlcache.ByObject{
+			Namespaces: map[string]ctrlcache.Config{obj.GetNamespace(): {FieldSelector: name}},
+			Field:      name,
+		}
+	}
 	return ctrlcache.Options{
 		HTTPClient:       conn.listWatchHTTP,
 		Scheme:           c.scheme,
 		Mapper:           conn.mapper,
 		DefaultTransform: c.opts.Transform,
+		ByObject:         byObject,
 	}
 }
