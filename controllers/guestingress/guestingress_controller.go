@@ -137,7 +137,7 @@ type scope struct {
 // the other GuestIngresses whose IP claims collide or that name the same guest Service,
 // GuestIngressPolicies and namespace labels
 // (admission), the kubeconfig Secrets (a guest gone for good) and, through the ClusterCache,
-// the guest's Services (see watchGuestServices): nothing waits for a resync.
+// the guest's Services and cilium-config (see watchGuest): nothing waits for a resync.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.ClusterCache == nil {
 		return errors.New("guestingress: Client and ClusterCache must not be nil")
