@@ -118,7 +118,7 @@ func addFlags(fs *pflag.FlagSet, o *options) {
 		"The most Services, and the most of each webhook configuration kind and APIServices, guestnet caches of one guest cluster. "+
 			"A guest that holds more is not cached, and its GuestIngresses and GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge. Negative: no cap.")
 	fs.DurationVar(&guestbounds.Default.RecheckEvery, "guest-recount-period", guestbounds.DefaultRecheckEvery,
-		"How often guestnet counts again the objects of a guest cluster that was within --guest-max-objects (a guest over it is counted every minute).")
+		"How often guestnet counts again the objects of a guest cluster that was within --guest-max-objects, from what its cache holds (no request); a guest over it is counted live every minute.")
 	fs.IntVar(&o.wiring.ClusterCacheConcurrency, "clustercache-concurrency", 100,
 		"Number of guest clusters guestnet connects to and health-checks simultaneously (the names are those of CAPI's ClusterCache flags).")
 	fs.Float32Var(&o.wiring.ClusterCacheClientQPS, "clustercache-client-qps", 20,

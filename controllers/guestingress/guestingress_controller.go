@@ -35,7 +35,6 @@ import (
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/prologue"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/record"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/status"
@@ -56,10 +55,6 @@ type Reconciler struct {
 
 	// ClusterCache gives access to the guest cluster through its <cluster>-kubeconfig Secret.
 	ClusterCache clustercache.ClusterCache
-
-	// CiliumConfigs serves each guest's cilium-config (PortsDeclared reads it on every
-	// reconcile); a memo of ports.CiliumConfigTTL when nil.
-	CiliumConfigs *ports.CiliumConfigMemo
 
 	// WatchFilterValue, when set, limits the controller to objects (and Clusters) labelled
 	// cluster.x-k8s.io/watch-filter=<value>.
@@ -142,7 +137,7 @@ type scope struct {
 // the other GuestIngresses whose IP claims collide or that name the same guest Service,
 // GuestIngressPolicies and namespace labels
 // (admission), the kubeconfig Secrets (a guest gone for good) and, through the ClusterCache,
-// the guest's Services (see watchGuestServices): nothing waits for a resync.
+// the guest's Services and cilium-config (see watchGuest): nothing waits for a resync.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.ClusterCache == nil {
 		return errors.New("guestingress: Client and ClusterCache must not be nil")
@@ -152,9 +147,6 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	if r.Admit == nil {
 		r.Admit = policy.Admit
-	}
-	if r.CiliumConfigs == nil {
-		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
 	if err := addIndexes(ctx, mgr.GetFieldIndexer(), hostIndexes()); err != nil {
 		return err

@@ -49,6 +49,7 @@ const (
 	eventActionRestore  = "Restore"
 	eventRecorded       = "Recorded"
 	guestServiceWatcher = controllerName + "-guest-services"
+	ciliumConfigWatcher = controllerName + "-cilium-config"
 )
 
 // reconcileNormal observes the world, plans with pure functions (internal/ingress.MakePlan)
@@ -118,7 +119,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 		}
 	}
 	if s.guestClient != nil && o.Eligible() {
-		if err := r.watchGuestServices(ctx, s); err != nil {
+		if err := r.watchGuest(ctx, s); err != nil {
 			return err
 		}
 		o.GuestService = &corev1.Service{}
@@ -361,11 +362,12 @@ func kindOf(obj client.Object) string {
 	return fmt.Sprintf("%T", obj)
 }
 
-// watchGuestServices makes the guest's Service events reach the GuestIngresses that name
-// them (and those whose fixed nodePorts another Service holds), through the ClusterCache's
-// per-cluster cache: a reinstalled ingress controller, a changed nodePort or a freed
-// nodePort is noticed at once. The ClusterCache adds each watch once per connection.
-func (r *Reconciler) watchGuestServices(ctx context.Context, s *scope) error {
+// watchGuest makes the guest's Service events reach the GuestIngresses that name them (and
+// those whose fixed nodePorts another Service holds), through the ClusterCache's per-cluster
+// cache: a reinstalled ingress controller, a changed nodePort or a freed nodePort is noticed
+// at once. A change of the guest's cilium-config (the tunnel port, PortsDeclared) reaches
+// every GuestIngress of the Cluster. The ClusterCache adds each watch once per connection.
+func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 	if r.controller == nil {
 		return nil // unit tests drive the phases without a controller
 	}
@@ -379,7 +381,11 @@ func (r *Reconciler) watchGuestServices(ctx context.Context, s *scope) error {
 	if errors.Is(err, clustercache.ErrClusterNotConnected) {
 		return nil // the connect event brings the object back
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return ports.WatchCiliumConfig(ctx, r.ClusterCache, key, ciliumConfigWatcher, r.controller, handler.EnqueueRequestsFromMapFunc(
+		clusterscope.GuestToObjects(r.Client, key, func() client.ObjectList { return &guestnetv1.GuestIngressList{} })))
 }
 
 // --- apply --------------------------------------------------------------------------------------
@@ -658,8 +664,7 @@ func (r *Reconciler) readEndpoints(ctx context.Context, s *scope) error {
 func (r *Reconciler) assessPortsDeclared(ctx context.Context, s *scope) error {
 	gi := s.guestIngress.DeepCopy()
 	gi.Status.Ports = ingress.StatusPorts(gi, s.plan, s.result.HostService)
-	guest := r.CiliumConfigs.Reader(client.ObjectKeyFromObject(s.cluster), s.guestClient)
-	if err := ports.ReportPortsDeclared(ctx, r.Client, guest, s.cluster, gi, ports.ForGuestIngress(gi)); err != nil {
+	if err := ports.ReportPortsDeclared(ctx, r.Client, s.guestClient, s.cluster, gi, ports.ForGuestIngress(gi)); err != nil {
 		return err
 	}
 	s.result.PortsDeclared = conditions.Get(gi, guestnetv1.PortsDeclaredCondition)

@@ -167,9 +167,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 // clusterToBridges maps any event of a guest object of the Cluster key to the Cluster's bridges.
 func (r *Reconciler) clusterToBridges(key client.ObjectKey) handler.MapFunc {
-	toBridges := clusterscope.ClusterToObjects(r.Client, func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-	return func(ctx context.Context, _ client.Object) []reconcile.Request { return toBridges(ctx, cluster) }
+	return clusterscope.GuestToObjects(r.Client, key, func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
 }
 
 // kubeconfigSecretToBridges maps a <cluster>-kubeconfig Secret to the Cluster's bridges.

@@ -1,21 +1,16 @@
 package guestwebhookbridge
 
 import (
-	"context"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 )
 
 // memo keeps, between reconciles, the answers of what guestnet cannot watch: TLS probes of
-// bridged targets, the guest's konnectivity agents (uncached Pods) and its cilium-config
-// (uncached ConfigMap). An answer is reused while its inputs are unchanged and it is younger
+// bridged targets and the guest's konnectivity agents (uncached Pods). An answer is reused while its inputs are unchanged and it is younger
 // than recheckAfter, so a bridge that nothing changes reads and probes nothing, and, with
 // stable messages, writes nothing. It lives in memory: a restarted manager asks once again.
 type memo struct {
@@ -109,13 +104,8 @@ func (m *memo) forget(uid types.UID) {
 	delete(m.probes, uid)
 }
 
-// read returns the memoized answer of read for key, calling it when there is none younger
-// than recheckAfter. Errors are not kept.
-func (m *memo) read(key string, read func() (any, error)) (any, error) {
-	return m.readFor(key, recheckAfter, read)
-}
-
-// readFor is read with answers kept for ttl.
+// readFor returns the memoized answer of read for key, calling it when there is none younger
+// than ttl. Errors are not kept.
 func (m *memo) readFor(key string, ttl time.Duration, read func() (any, error)) (any, error) {
 	m.mu.Lock()
 	a, ok := m.reads[key]
@@ -131,41 +121,4 @@ func (m *memo) readFor(key string, ttl time.Duration, read func() (any, error)) 
 	m.reads[key] = readAnswer{value: v, at: m.now()}
 	m.mu.Unlock()
 	return v, nil
-}
-
-// ciliumConfigReader serves the guest's kube-system/cilium-config from the memo, and every
-// other read from the guest client: PortsDeclared needs it on every reconcile, the guest does
-// not let guestnet watch it (ConfigMaps are not cached), and it changes rarely.
-type ciliumConfigReader struct {
-	client.Reader
-	memo    *memo
-	cluster string
-}
-
-func (c ciliumConfigReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	cm, ok := obj.(*corev1.ConfigMap)
-	if !ok || key != (client.ObjectKey{Namespace: "kube-system", Name: "cilium-config"}) {
-		return c.Reader.Get(ctx, key, obj, opts...)
-	}
-	type answer struct {
-		cm  *corev1.ConfigMap
-		err error
-	}
-	v, err := c.memo.read("cilium-config/"+c.cluster, func() (any, error) {
-		got := &corev1.ConfigMap{}
-		err := c.Reader.Get(ctx, key, got, opts...)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
-		}
-		return answer{cm: got, err: err}, nil // NotFound is an answer too
-	})
-	if err != nil {
-		return err
-	}
-	a := v.(answer)
-	if a.err != nil {
-		return a.err
-	}
-	a.cm.DeepCopyInto(cm)
-	return nil
 }

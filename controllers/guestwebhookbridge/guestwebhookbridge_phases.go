@@ -85,7 +85,7 @@ const (
 
 // recheckAfter is the safety interval of what guestnet cannot watch: a bridged target's
 // certificate and server (a server restarts with another certificate), the konnectivity
-// agents, cilium-config. Within it, probes and reads are repeated only when their inputs
+// agents. Within it, probes and reads are repeated only when their inputs
 // change (memo).
 const recheckAfter = 5 * time.Minute
 
@@ -118,8 +118,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	}
 
 	// The workerports controller declares the ports; this object reports whether its own are.
-	guestReader := ciliumConfigReader{Reader: guestClient, memo: r.memo(), cluster: client.ObjectKeyFromObject(s.cluster).String()}
-	if err := ports.ReportPortsDeclared(ctx, r.Client, guestReader, s.cluster, gwb, ports.ForBridge(gwb)); err != nil {
+	// cilium-config comes from the guest's cache (its change reaches the bridge through the
+	// rollout the workerports controller starts: the MachineDeployment watch).
+	if err := ports.ReportPortsDeclared(ctx, r.Client, guestClient, s.cluster, gwb, ports.ForBridge(gwb)); err != nil {
 		return ctrl.Result{}, err
 	}
 

@@ -132,10 +132,10 @@ func TestMemo(t *testing.T) {
 
 	reads := 0
 	read := func() (any, error) { reads++; return reads, nil }
-	v, _ := m.read("k", read)
-	v2, _ := m.read("k", read)
+	v, _ := m.readFor("k", recheckAfter, read)
+	v2, _ := m.readFor("k", recheckAfter, read)
 	g.Expect(v2).To(Equal(v))
 	now = now.Add(recheckAfter)
-	v3, _ := m.read("k", read)
+	v3, _ := m.readFor("k", recheckAfter, read)
 	g.Expect(v3).NotTo(Equal(v))
 }

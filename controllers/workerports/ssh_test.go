@@ -80,7 +80,7 @@ func TestReconcileDeclares22OnlyWhereCAPKSSHes(t *testing.T) {
 			host := fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(objects...).Build()
 			guest := fake.NewClientBuilder().WithScheme(scheme.New()).Build() // no cilium-config: no tunnel port
 			r := &Reconciler{Client: host, APIReader: host, ClusterCache: guestCache{guest: guest},
-				CiliumConfigs: &ports.CiliumConfigMemo{}, recorder: events.NewFakeRecorder(100)}
+				recorder: events.NewFakeRecorder(100)}
 
 			_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cluster)})
 			g.Expect(err).NotTo(HaveOccurred())

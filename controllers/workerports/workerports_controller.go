@@ -66,10 +66,6 @@ type Reconciler struct {
 	// which tunnel port the guest's Cilium uses.
 	ClusterCache clustercache.ClusterCache
 
-	// CiliumConfigs serves each guest's cilium-config, which is read on every reconcile;
-	// a memo of ports.CiliumConfigTTL when nil.
-	CiliumConfigs *ports.CiliumConfigMemo
-
 	// WatchFilterValue, when set, limits the controller to Clusters labelled
 	// cluster.x-k8s.io/watch-filter=<value>.
 	WatchFilterValue string
@@ -78,7 +74,8 @@ type Reconciler struct {
 	// does (internal/optional). Taken to be installed when nil.
 	CAPK *optional.Gate
 
-	recorder events.EventRecorder
+	recorder   events.EventRecorder
+	controller controller.Controller
 }
 
 // SetupWithManager registers the controller: it reconciles Clusters, and is woken by the
@@ -90,9 +87,6 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
 	if r.Client == nil || r.APIReader == nil || r.ClusterCache == nil {
 		return errors.New("workerports: Client, APIReader and ClusterCache must not be nil")
-	}
-	if r.CiliumConfigs == nil {
-		r.CiliumConfigs = &ports.CiliumConfigMemo{TTL: ports.CiliumConfigTTL}
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("controller", controllerName)
 	c, err := ctrl.NewControllerManagedBy(mgr).
@@ -121,6 +115,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		return err
 	}
 	r.recorder = mgr.GetEventRecorder(controllerName + "-controller")
+	r.controller = c
 	// The templates, once CAPK is installed (metadata only: the templates themselves are read
 	// when a Cluster is reconciled). Without CAPK no MachineDeployment can use one. And the
 	// KubevirtClusters: whether CAPK SSHes into the VMs (22/TCP) is their managed-by
@@ -226,7 +221,16 @@ func (r *Reconciler) newScope(ctx context.Context, cluster *clusterv1.Cluster) (
 		}
 		return nil, err
 	}
-	required, _, err := ports.ForCluster(ctx, r.CiliumConfigs.Reader(client.ObjectKeyFromObject(cluster), guest), cluster, consumers)
+	// cilium-config comes from the guest's cache; a change of it brings the Cluster back.
+	if key := client.ObjectKeyFromObject(cluster); r.controller != nil { // unit tests run without a controller
+		toCluster := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []ctrl.Request {
+			return []ctrl.Request{{NamespacedName: key}}
+		})
+		if err := ports.WatchCiliumConfig(ctx, r.ClusterCache, key, controllerName+"-cilium-config", r.controller, toCluster); err != nil {
+			return nil, err
+		}
+	}
+	required, _, err := ports.ForCluster(ctx, guest, cluster, consumers)
 	if err != nil {
 		r.recorder.Eventf(cluster, nil, corev1.EventTypeWarning, "WorkerPortsUnknown", "DeclarePorts", "Cannot compute the worker ports: %v", err)
 		return nil, err

@@ -24,6 +24,7 @@ import (
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/e2e/lab"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/manager"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 const (
@@ -31,16 +32,18 @@ const (
 	memoryGuests = 20
 	// maxHeapPerGuestCluster bounds the manager's live heap per connected guest cluster (its
 	// connection, the informers of the four kinds guestnet watches in a guest it exposes and
-	// bridges, each with an event handler, and what they cache of a guest holding only what
-	// a new apiserver holds). It is a count of bytes after a forced GC, not a time: it does
-	// not depend on the machine's speed. Measured 2026-12-04 (docs/performance.md):
-	// internal/guestcache 233 KiB (152 KiB without the handlers; CAPI's ClusterCache 610 KiB
-	// without them).
-	maxHeapPerGuestCluster = 280 << 10
+	// bridges and of its cilium-config, each with an event handler, and what they cache of a
+	// guest holding only what a new apiserver holds). It is a count of bytes after a forced GC,
+	// not a time: it does not depend on the machine's speed. Measured 2026-12-04
+	// (docs/performance.md): internal/guestcache 233 KiB for the four kinds (152 KiB without
+	// the handlers; CAPI's ClusterCache 610 KiB without them); the watch of cilium-config adds
+	// 46 KiB (decision 14): 289 KiB.
+	maxHeapPerGuestCluster = 330 << 10
 	// maxGoroutinesPerGuestCluster bounds the goroutines per connected guest cluster (their
-	// stacks are most of what it costs beside its heap: 53.5 goroutines, 190 KiB measured,
-	// the informers' reflectors, queues, watch streams and event handlers).
-	maxGoroutinesPerGuestCluster = 60
+	// stacks are most of what it costs beside its heap: 69.5 goroutines, 232 KiB measured,
+	// the informers' reflectors, queues, watch streams and event handlers; 13.1 of them the
+	// watch of cilium-config).
+	maxGoroutinesPerGuestCluster = 75
 )
 
 // The manager's live heap grows by a bounded amount per guest cluster it connects to
@@ -110,6 +113,21 @@ func TestScale_MemoryPerGuestCluster(t *testing.T) {
 		// Once each informer listed, a cached list answers.
 		g.Eventually(func() error { return guest.List(ctx, &apiregistrationv1.APIServiceList{}) }, time.Minute).Should(Succeed())
 	}
+	// The watch of the guest's cilium-config alone (GuestIngresses and the workerports
+	// controller add it, docs/decisions/0014-steady-state-reads.md): what it adds is logged.
+	fourKinds, fourKindsGoroutines := liveHeap(), runtime.NumGoroutine()
+	for _, key := range keys {
+		g.Expect(guests.Watch(ctx, key, handlerWatch{kind: ports.CiliumConfig()})).To(Succeed(), "watching cilium-config of %s", key)
+	}
+	for _, key := range keys {
+		guest, err := guests.GetClient(ctx, key)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Eventually(func() error {
+			return client.IgnoreNotFound(guest.Get(ctx, ports.CiliumConfigKey, &corev1.ConfigMap{}))
+		}, time.Minute).Should(Succeed())
+	}
+	t.Logf("per guest cluster, the watch of cilium-config: live heap %d B, %.1f goroutines",
+		(liveHeap()-fourKinds)/memoryGuests, float64(runtime.NumGoroutine()-fourKindsGoroutines)/memoryGuests)
 	perGuest := (liveHeap() - base) / memoryGuests
 	stacksPerGuest := (stacks() - baseStacks) / memoryGuests
 	goroutinesPerGuest := float64(runtime.NumGoroutine()-baseGoroutines) / memoryGuests

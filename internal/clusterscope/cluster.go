@@ -77,7 +77,9 @@ func GuestClient(ctx context.Context, cc clustercache.ClusterCache, cluster *clu
 	if err != nil {
 		return nil, err
 	}
-	if err := guestbounds.Default.Check(ctx, key, uncached); err != nil {
+	// A connected guest is counted again from what its cache holds, when its client says.
+	cached, _ := guestClient.(guestbounds.Cached)
+	if err := guestbounds.Default.Check(ctx, key, uncached, cached); err != nil {
 		return nil, err
 	}
 	return guestClient, nil

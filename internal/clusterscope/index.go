@@ -67,6 +67,15 @@ func ClusterToObjects(c client.Reader, newList func() client.ObjectList) handler
 	}
 }
 
+// GuestToObjects returns a map function that turns any event of the guest of cluster into
+// requests for the objects that name that Cluster (as ClusterToObjects): for a watch in the
+// guest whose objects say nothing of the host.
+func GuestToObjects(c client.Reader, cluster client.ObjectKey, newList func() client.ObjectList) handler.MapFunc {
+	toObjects := ClusterToObjects(c, newList)
+	obj := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: cluster.Name}}
+	return func(ctx context.Context, _ client.Object) []reconcile.Request { return toObjects(ctx, obj) }
+}
+
 // MachineDeploymentToObjects returns a map function that turns a MachineDeployment into
 // requests for the guestnet objects (of the kind newList lists) of its Cluster: a rollout
 // changes what their PortsDeclared condition says.

@@ -6,8 +6,10 @@
 // counted with one metadata-only list request per kind (limit 1: the apiserver says how many
 // are left); a guest with more than the cap of any kind gets no client: its GuestIngresses and
 // GuestWebhookBridges report ClusterAvailable=False, reason GuestTooLarge, and guestnet
-// starts no informer for it. The count of a guest over the cap is kept a minute (CheckEvery), that
-// of one within it ten minutes (RecheckEvery). docs/decisions/0009-bounded-guests.md.
+// starts no informer for it. The count of a guest over the cap is kept a minute (CheckEvery);
+// a guest within it is counted again every minute (RecheckEvery) from what its cache holds,
+// without a request (Cached), and the first informer of a kind is only started after a live
+// count of that kind (CheckKind). docs/decisions/0009-bounded-guests.md, 0014.
 package guestbounds
 
 import (
@@ -33,10 +35,9 @@ const DefaultMaxObjects = 5000
 const DefaultCheckEvery = time.Minute
 
 // DefaultRecheckEvery is how long the count of a guest within the cap is kept: how soon a
-// guest that grew past it is noticed. Longer than DefaultCheckEvery: such a guest is cached
-// already (what its informers hold stays until the manager restarts), and a steady state
-// makes no requests but these.
-const DefaultRecheckEvery = 10 * time.Minute
+// guest that grew past it is noticed. Such a guest is connected and its recount reads what
+// its informers hold (Cached): no request, so it can be as often as a guest over the cap.
+const DefaultRecheckEvery = time.Minute
 
 // pageSize is the page of the count's fallback (an apiserver that does not say how many
 // items are left): metadata only, so a page is at most pageSize objects' metadata.
@@ -82,6 +83,15 @@ type Bounds struct {
 type count struct {
 	err error
 	at  time.Time
+	// live is when the guest was last counted live and found within the cap.
+	live time.Time
+}
+
+// Cached is what a connected guest's cache holds: Count is how many objects of gvk its
+// informers hold, without a request; false when no informer of gvk has started (then it
+// holds none, and CheckKind counts the kind live before one starts).
+type Cached interface {
+	Count(gvk schema.GroupVersionKind) (n int, ok bool)
 }
 
 // Default is the manager's Bounds (main.go sets MaxObjects from its flag).
@@ -95,8 +105,11 @@ func (b *Bounds) max() int {
 }
 
 // Check returns a *TooLargeError when the guest of cluster holds more objects of a kind than
-// the cap; guest is an uncached reader of it. Counts younger than CheckEvery are reused.
-func (b *Bounds) Check(ctx context.Context, cluster client.ObjectKey, guest client.Reader) error {
+// the cap; guest is an uncached reader of it. Counts younger than CheckEvery (RecheckEvery
+// within the cap) are reused. A guest last found within the cap is counted again from
+// cached, what its cache holds (no request); a guest counted for the first time, over the
+// cap, or without cached, is counted live.
+func (b *Bounds) Check(ctx context.Context, cluster client.ObjectKey, guest client.Reader, cached Cached) error {
 	if b == nil || b.max() < 0 {
 		return nil
 	}
@@ -104,23 +117,79 @@ func (b *Bounds) Check(ctx context.Context, cluster client.ObjectKey, guest clie
 	if b.now == nil {
 		b.now = time.Now
 	}
-	if c, ok := b.counts[cluster]; ok && b.now().Sub(c.at) < b.keep(c.err) {
+	c, known := b.counts[cluster]
+	if known && b.now().Sub(c.at) < b.keep(c.err) {
 		b.mu.Unlock()
 		return c.err
 	}
 	b.mu.Unlock()
 
-	err := b.count(ctx, guest)
+	if known && c.err == nil && cached != nil {
+		err := b.countCached(cached)
+		b.record(cluster, err, c.live)
+		return err
+	}
+	err := b.count(ctx, guest, Kinds)
 	if _, tooLarge := err.(*TooLargeError); err != nil && !tooLarge { //nolint:errorlint // count returns it unwrapped
 		return fmt.Errorf("counting the guest's objects: %w", err)
 	}
+	b.record(cluster, err, time.Time{})
+	return err
+}
+
+// CheckKind counts the objects of gvk in the guest of cluster live, before its cache starts
+// the first informer of gvk (a kind Check found no informer of may have grown since): a
+// *TooLargeError when there are more than the cap, which Check then returns too. It counts
+// nothing for a kind that is not capped, or when the guest was counted live within the cap
+// less than CheckEvery ago (its first informers start right after its first Check).
+func (b *Bounds) CheckKind(ctx context.Context, cluster client.ObjectKey, guest client.Reader, gvk schema.GroupVersionKind) error {
+	if b == nil || b.max() < 0 || !Capped(gvk) {
+		return nil
+	}
+	b.mu.Lock()
+	if b.now == nil {
+		b.now = time.Now
+	}
+	c := b.counts[cluster]
+	b.mu.Unlock()
+	if c.err == nil && b.now().Sub(c.live) < cmp.Or(b.CheckEvery, DefaultCheckEvery) {
+		return nil
+	}
+	err := b.count(ctx, guest, []schema.GroupVersionKind{gvk})
+	switch err.(type) { //nolint:errorlint // count returns it unwrapped
+	case nil:
+		return nil
+	case *TooLargeError:
+		b.record(cluster, err, c.live)
+		return err
+	default:
+		return fmt.Errorf("counting the guest's objects: %w", err)
+	}
+}
+
+// Capped reports whether gvk is one of Kinds (any version).
+func Capped(gvk schema.GroupVersionKind) bool {
+	for _, k := range Kinds {
+		if k.GroupKind() == gvk.GroupKind() {
+			return true
+		}
+	}
+	return false
+}
+
+// record keeps err as the count of cluster; live is when it was last counted live within the
+// cap (now, when this count was live and within it).
+func (b *Bounds) record(cluster client.ObjectKey, err error, live time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.counts == nil {
 		b.counts = map[client.ObjectKey]count{}
 	}
-	b.counts[cluster] = count{err: err, at: b.now()}
-	return err
+	now := b.now()
+	if err == nil && live.IsZero() {
+		live = now
+	}
+	b.counts[cluster] = count{err: err, at: now, live: live}
 }
 
 // keep is how long a count that ended with err is kept.
@@ -138,10 +207,21 @@ func (b *Bounds) Forget(cluster client.ObjectKey) {
 	delete(b.counts, cluster)
 }
 
-// count counts each kind, up to the cap plus one.
-func (b *Bounds) count(ctx context.Context, guest client.Reader) error {
+// countCached counts each kind the guest's cache holds, from the cache.
+func (b *Bounds) countCached(cached Cached) error {
 	limit := b.max()
 	for _, gvk := range Kinds {
+		if n, ok := cached.Count(gvk); ok && n > limit {
+			return &TooLargeError{Kind: gvk.Kind, Count: n, Max: limit}
+		}
+	}
+	return nil
+}
+
+// count counts each of kinds live, up to the cap plus one.
+func (b *Bounds) count(ctx context.Context, guest client.Reader, kinds []schema.GroupVersionKind) error {
+	limit := b.max()
+	for _, gvk := range kinds {
 		n, err := countKind(ctx, guest, gvk, limit)
 		if err != nil {
 			return err

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -42,7 +44,7 @@ type connection struct {
 	// as the clients', with listWatchTimeout instead of Options.Timeout.
 	listWatchHTTP    *http.Client
 	cached, uncached client.Client
-	cache            ctrlcache.Cache
+	cache            *boundedCache
 	stop             context.CancelFunc
 	watches          sets.Set[string]
 }
@@ -132,7 +134,11 @@ func (g *guest) watch(ctx context.Context, watcher clustercache.Watcher) error {
 	if g.conn.watches.Has(watcher.Name()) {
 		return nil
 	}
-	// Starting a watch only starts its source: it does not block on the guest.
+	// Starting a watch only starts its source: it does not block on the guest, and an error
+	// starting the informer would not come back here. The count of a capped kind does, first.
+	if err := g.conn.cache.admitObject(ctx, watcher.Object()); err != nil {
+		return fmt.Errorf("watch %s of %T in %s: %w", watcher.Name(), watcher.Object(), g.key, err)
+	}
 	if err := watcher.Watch(g.conn.cache); err != nil {
 		return fmt.Errorf("watch %s of %T in %s: %w", watcher.Name(), watcher.Object(), g.key, err)
 	}
@@ -186,10 +192,12 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 	}
 	listWatchConfig := rest.CopyConfig(cfg)
 	listWatchConfig.Timeout = listWatchTimeout
-	cache, err := ctrlcache.New(listWatchConfig, c.cacheOptions(conn))
+	informers, err := ctrlcache.New(listWatchConfig, c.cacheOptions(conn))
 	if err != nil {
 		return nil, fmt.Errorf("creating the guest's cache: %w", err)
 	}
+	cache := &boundedCache{Cache: informers, scheme: c.scheme, bounds: c.opts.Bounds, cluster: cluster,
+		live: withTimeout{Client: uncached, timeout: cfg.Timeout}}
 	cached, err := client.New(cfg, client.Options{
 		Scheme: c.scheme, Mapper: conn.mapper, HTTPClient: httpClient,
 		Cache: &client.CacheOptions{Reader: cache, DisableFor: c.opts.DisableFor, Unstructured: true},
@@ -208,8 +216,38 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 	conn.cache, conn.stop = cache, stop
 	// A read through the cache waits for its informer's first list: never longer than a
 	// request may take.
-	conn.cached, conn.uncached = withTimeout{Client: cached, timeout: cfg.Timeout}, withTimeout{Client: uncached, timeout: cfg.Timeout}
+	conn.cached = cachedClient{
+		withTimeout: withTimeout{Client: singleObjects{Client: cached, cache: cache, objects: c.opts.SingleObjects}, timeout: cfg.Timeout},
+		cache:       cache,
+	}
+	conn.uncached = withTimeout{Client: uncached, timeout: cfg.Timeout}
 	return conn, nil
+}
+
+// cachedClient is a guest's cached client; it says what the guest's cache holds
+// (guestbounds.Cached), for clusterscope.GuestClient's count.
+type cachedClient struct {
+	withTimeout
+	cache *boundedCache
+}
+
+func (c cachedClient) Count(gvk schema.GroupVersionKind) (int, bool) { return c.cache.Count(gvk) }
+
+// singleObjects reads Options.SingleObjects from the guest's cache; every other read goes to
+// Client (which reads their kinds live: DisableFor).
+type singleObjects struct {
+	client.Client
+	cache   client.Reader
+	objects []client.Object
+}
+
+func (c singleObjects) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	for _, single := range c.objects {
+		if reflect.TypeOf(obj) == reflect.TypeOf(single) && key == client.ObjectKeyFromObject(single) {
+			return c.cache.Get(ctx, key, obj, opts...)
+		}
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
 }
 
 // withTimeout bounds each read: a cached read of a kind not cached yet starts its informer

@@ -7,8 +7,12 @@
 // connect after an interval, probe `/` every 10 s, drop after 5 failures or at once on
 // Unauthorized, watches that live as long as the connection), at a fraction of its memory
 // per guest: no discovery when connecting (guestMapper), one HTTP/2 connection per guest
-// where CAPI's opens two, no compressed watch streams.
-// docs/decisions/0013-guest-connections.md says why guestnet does not use CAPI's.
+// where CAPI's opens two, no compressed watch streams. Each guest's cache starts the first
+// informer of a kind guestbounds caps only after a live count of it, and says what its
+// informers hold, so that a connected guest is recounted without a request; it caches single
+// objects of otherwise uncached kinds (cilium-config) by a watch of that one object.
+// docs/decisions/0013-guest-connections.md says why guestnet does not use CAPI's, and
+// 0014-steady-state-reads.md why the counts and cilium-config come from the cache.
 package guestcache
 
 import (
@@ -19,6 +23,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -36,6 +41,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/clusterscope"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 )
 
 // Options configure the guest connections.
@@ -49,6 +55,14 @@ type Options struct {
 	Transform toolscache.TransformFunc
 	// DisableFor are the kinds the cached client reads live, never cached.
 	DisableFor []client.Object
+	// SingleObjects are objects, of kinds in DisableFor, that the cached client reads from a
+	// cache of that one object (a watch field-selected on its name, in its namespace),
+	// at most one per kind; every other object of their kinds is read live.
+	SingleObjects []client.Object
+	// Bounds caps what a guest's cache holds of the kinds it counts: the first informer of
+	// such a kind starts after a live count of it, and the cached client counts what its
+	// informers hold (guestbounds.Cached). None when nil.
+	Bounds *guestbounds.Bounds
 	// UserAgent, QPS and Burst of each guest's clients (QPS 20 and Burst 30 when 0).
 	UserAgent string
 	QPS       float32
@@ -349,10 +363,22 @@ func (c *Cache) send(cluster *clusterv1.Cluster) {
 // cacheOptions are the options of conn's cache: what every guest's cache stores, through
 // conn's mapper and transport.
 func (c *Cache) cacheOptions(conn *connection) ctrlcache.Options {
+	var byObject map[client.Object]ctrlcache.ByObject
+	for _, obj := range c.opts.SingleObjects {
+		if byObject == nil {
+			byObject = map[client.Object]ctrlcache.ByObject{}
+		}
+		name := fields.OneTermEqualSelector("metadata.name", obj.GetName())
+		byObject[obj] = ctrlcache.ByObject{
+			Namespaces: map[string]ctrlcache.Config{obj.GetNamespace(): {FieldSelector: name}},
+			Field:      name,
+		}
+	}
 	return ctrlcache.Options{
 		HTTPClient:       conn.listWatchHTTP,
 		Scheme:           c.scheme,
 		Mapper:           conn.mapper,
 		DefaultTransform: c.opts.Transform,
+		ByObject:         byObject,
 	}
 }

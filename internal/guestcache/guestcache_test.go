@@ -543,6 +543,9 @@ type fakeAPIServer struct {
 
 	requests, probes, unauthorized atomic.Int32
 	watchesStarted, openWatches    atomic.Int32
+	// countLists are the lists of Services with limit=1 (guestbounds' count); services is
+	// how many Services such a list says there are (the informers' lists get none).
+	countLists, services atomic.Int32
 }
 
 // servicesResourceVersion is the resource version of the guest's (empty) Service list.
@@ -620,6 +623,19 @@ func (s *fakeAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveRoot(w, r, rootAnswer)
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/services" && r.URL.Query().Get("watch") == "true":
 		s.serveWatch(w, r)
+	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/services" && r.URL.Query().Get("limit") == "1":
+		s.countLists.Add(1)
+		list := &metav1.PartialObjectMetadataList{
+			TypeMeta: metav1.TypeMeta{Kind: "PartialObjectMetadataList", APIVersion: "meta.k8s.io/v1"},
+			ListMeta: metav1.ListMeta{ResourceVersion: servicesResourceVersion},
+		}
+		if n := int64(s.services.Load()); n > 0 {
+			list.Items = []metav1.PartialObjectMetadata{{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "svc-0"}}}
+			if n > 1 {
+				list.Continue, list.RemainingItemCount = "next", ptr.To(n-1)
+			}
+		}
+		writeJSON(w, http.StatusOK, list)
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/services":
 		writeJSON(w, http.StatusOK, &corev1.ServiceList{
 			TypeMeta: metav1.TypeMeta{Kind: "ServiceList", APIVersion: "v1"},

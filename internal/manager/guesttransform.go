@@ -10,6 +10,7 @@ import (
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/nodeidentity"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ports"
 )
 
 // guestnetPrefix is the prefix of every annotation and label key guestnet writes or reads on
@@ -51,6 +52,9 @@ func KeepWhatGuestnetReads(in any) (any, error) {
 		// guestnet reads its agent's DaemonSet for its status and its guestnet annotations
 		// (which template it applied); never the pod template of anyone's DaemonSet.
 		o.Spec = appsv1.DaemonSetSpec{}
+	case *corev1.ConfigMap:
+		// The one ConfigMap cached is cilium-config (SetupClusterCache): its tunnel entries.
+		o.Data, o.BinaryData = ports.KeepTunnelKeys(o.Data), nil
 	}
 	if _, err := KeepOwnManagedFields(in); err != nil {
 		return in, err

@@ -33,6 +33,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestcache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
@@ -277,11 +278,14 @@ func SetupClusterCache(ctx context.Context, mgr ctrl.Manager, o Options) (cluste
 		// applies the guest ingress controller's Service). clusterscope.GuestClient caps how
 		// many objects of a guest are cached at all (internal/guestbounds).
 		Transform: KeepWhatGuestnetReads,
-		// Never cache all Secrets and ConfigMaps of a guest cluster.
-		DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
-		UserAgent:  Name,
-		QPS:        o.ClusterCacheClientQPS,
-		Burst:      o.ClusterCacheClientBurst,
+		// Never cache all Secrets and ConfigMaps of a guest cluster: only kube-system/cilium-config,
+		// which guestnet reads on every reconcile (docs/decisions/0014-steady-state-reads.md).
+		DisableFor:    []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}},
+		SingleObjects: []client.Object{ports.CiliumConfig()},
+		Bounds:        guestbounds.Default,
+		UserAgent:     Name,
+		QPS:           o.ClusterCacheClientQPS,
+		Burst:         o.ClusterCacheClientBurst,
 	}, Concurrency(o.ClusterCacheConcurrency))
 	if err != nil {
 		return nil, fmt.Errorf("setting up the guest connections: %w", err)
