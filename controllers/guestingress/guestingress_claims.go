@@ -1,6 +1,7 @@
 package guestingress
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -218,12 +219,15 @@ func atAddress(key string) client.ListOption {
 // the tenant's namespace: what it requests counts only as far as gi's spec asks for it).
 func (r *Reconciler) held(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) (ingress.Claim, error) {
 	var held ingress.Claim
-	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil && ownership.IsOwnedBy(pool, gi) {
+	if pool := w.pools.Get(hostnames.Pool(gi)); pool != nil && ownership.IsOwnedBy(pool, gi) {
 		held.Prefixes = ingress.PoolBlocks(pool)
 	}
 	services := &corev1.ServiceList{}
 	if err := r.Client.List(ctx, services, readOnly, client.MatchingFields{madeForField: client.ObjectKeyFromObject(gi).String()}); err != nil {
 		return held, fmt.Errorf("listing the host Services of GuestIngress %s: %w", client.ObjectKeyFromObject(gi), err)
+	}
+	if w.pools.err != nil {
+		return held, w.pools.err
 	}
 	wants := ingress.ClaimOf(gi)
 	for i := range services.Items {
@@ -351,4 +355,52 @@ func eachObject(list client.ObjectList, f func(client.Object)) error {
 		return fmt.Errorf("unexpected list %T", list)
 	}
 	return nil
+}
+
+// cachedPools are the host's pools as one reconcile asks for them (policy.Pools): each by name
+// from the manager's cache, every one only when a decision needs them all (a GuestIngress
+// that lets LB-IPAM choose its IP). The cache's own objects (readOnly): never change them. A
+// read that fails is kept in err, which the reconcile returns (policy.Pools has no errors).
+type cachedPools struct {
+	ctx    context.Context // the reconcile's: cachedPools lives as long as it
+	reader client.Reader
+	byName map[string]*unstructured.Unstructured
+	all    []*unstructured.Unstructured
+	err    error
+}
+
+// Get implements policy.Pools.
+func (p *cachedPools) Get(name string) *unstructured.Unstructured {
+	if pool, ok := p.byName[name]; ok {
+		return pool
+	}
+	pool := ingress.NewPool()
+	if err := p.reader.Get(p.ctx, client.ObjectKey{Name: name}, pool, readOnly); err != nil {
+		if client.IgnoreNotFound(err) != nil && p.err == nil {
+			p.err = fmt.Errorf("getting CiliumLoadBalancerIPPool %s: %w", name, err)
+		}
+		pool = nil
+	}
+	p.byName[name] = pool
+	return pool
+}
+
+// All implements policy.Pools.
+func (p *cachedPools) All() []*unstructured.Unstructured {
+	if p.all != nil {
+		return p.all
+	}
+	list := poolList()
+	if err := p.reader.List(p.ctx, list, readOnly); err != nil {
+		if p.err == nil {
+			p.err = fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
+		}
+		return nil
+	}
+	p.all = make([]*unstructured.Unstructured, len(list.Items))
+	for i := range list.Items {
+		p.all[i] = &list.Items[i]
+	}
+	slices.SortFunc(p.all, func(a, b *unstructured.Unstructured) int { return cmp.Compare(a.GetName(), b.GetName()) })
+	return p.all
 }

@@ -156,6 +156,9 @@ func (r *Reconciler) observeHost(ctx context.Context, s *scope) error {
 	if err := r.observeHostObjects(ctx, w, o); err != nil {
 		return err
 	}
+	if w.pools.err != nil {
+		return w.pools.err
+	}
 	s.world, s.host, s.admissionInput = w, o, in
 	return nil
 }
@@ -166,10 +169,8 @@ func (r *Reconciler) observeHost(ctx context.Context, s *scope) error {
 // own, not copies (readOnly): nothing may change them. What a reconcile writes is built anew
 // (internal/ingress) or read with Get, which copies.
 type hostWorld struct {
-	// pools are every pool: LB-IPAM gives a Service without a fixed IP an IP from any pool
-	// that selects it, so admission reads them all (policy.Input.Pools).
-	pools       []unstructured.Unstructured
-	poolsByName map[string]*unstructured.Unstructured
+	// pools are the host's pools, read as asked for (policy.Input.Pools).
+	pools *cachedPools
 	// allMetalLBPools are every MetalLB pool, guestnet's and the platform's.
 	allMetalLBPools []unstructured.Unstructured
 	policies        []guestnetv1.GuestIngressPolicy
@@ -183,19 +184,12 @@ type hostWorld struct {
 }
 
 func (r *Reconciler) readHost(ctx context.Context) (*hostWorld, error) {
-	w := &hostWorld{poolsByName: map[string]*unstructured.Unstructured{}, namespaces: map[string]*corev1.Namespace{},
-		claimants: map[types.NamespacedName]ingress.Claimant{}, near: map[string][]ingress.Claimant{}}
+	w := &hostWorld{pools: &cachedPools{ctx: ctx, reader: r.Client, byName: map[string]*unstructured.Unstructured{}},
+		namespaces: map[string]*corev1.Namespace{},
+		claimants:  map[types.NamespacedName]ingress.Claimant{}, near: map[string][]ingress.Claimant{}}
 	var err error
 	if w.host, err = r.HostAddresses.Reserved(ctx); err != nil {
 		return nil, err
-	}
-	pools := poolList()
-	if err := r.Client.List(ctx, pools, readOnly); err != nil {
-		return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
-	}
-	w.pools = pools.Items
-	for i := range w.pools {
-		w.poolsByName[w.pools[i].GetName()] = &w.pools[i]
 	}
 	if w.allMetalLBPools, err = r.listMetalLBPools(ctx); err != nil {
 		return nil, err
@@ -242,9 +236,10 @@ func (r *Reconciler) admit(ctx context.Context, w *hostWorld, gi *guestnetv1.Gue
 	if err != nil {
 		return policy.Input{}, ingress.Admission{}, err
 	}
-	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.poolsByName, Host: w.host,
+	in := policy.Input{GuestIngress: gi, Namespace: ns, Policies: w.policies, Siblings: siblings, Pools: w.pools, Host: w.host,
 		MetalLBPools: w.metalLBPools()}
-	return in, r.Admit(in), nil
+	decision := r.Admit(in)
+	return in, decision, w.pools.err // (a pool the decision could not read)
 }
 
 // guestServiceRivals are the GuestIngresses of gi's Cluster that own or still hold its guest
@@ -306,7 +301,7 @@ func (r *Reconciler) observeHostObjects(ctx context.Context, w *hostWorld, o *in
 	} else if svc != nil {
 		o.HostService = svc.(*corev1.Service)
 	}
-	if pool := w.poolsByName[hostnames.Pool(gi)]; pool != nil {
+	if pool := w.pools.Get(hostnames.Pool(gi)); pool != nil {
 		if ownership.IsOwnedBy(pool, gi) {
 			o.Pool = pool
 		} else if ingress.OwnsPool(gi) && o.Foreign == "" {
@@ -323,7 +318,7 @@ func (r *Reconciler) observeHostObjects(ctx context.Context, w *hostWorld, o *in
 		o.L2Policy = policyObj.(*unstructured.Unstructured)
 	}
 	if ref := gi.Spec.LoadBalancer.PoolRef; ref != nil {
-		o.RefPool = w.poolsByName[ref.Name]
+		o.RefPool = w.pools.Get(ref.Name)
 	}
 	return r.observeAnnouncers(ctx, o)
 }

@@ -49,17 +49,7 @@ func TestReconcileDeleteReleasesTheObject(t *testing.T) {
 // no guest cluster connected.
 func newFakeReconciler(t *testing.T, objs ...client.Object) *Reconciler {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(clusterv1.AddToScheme(scheme))
-	utilruntime.Must(guestnetv1.AddToScheme(scheme))
-	mapper := meta.NewDefaultRESTMapper(nil)
-	for _, gvk := range []schema.GroupVersionKind{ingress.PoolGVK, ingress.L2PolicyGVK} {
-		mapper.Add(gvk, meta.RESTScopeRoot)
-	}
-	for gvk := range scheme.AllKnownTypes() {
-		mapper.Add(gvk, meta.RESTScopeNamespace)
-	}
+	scheme, mapper := testSchemeAndMapper()
 	b := fake.NewClientBuilder().WithScheme(scheme).WithRESTMapper(mapper).WithObjects(objs...)
 	for _, i := range slices.Concat(hostIndexes(), ciliumIndexes(), announcerIndexes(ingress.AnnouncerKinds().List())) {
 		b = b.WithIndex(i.obj, i.field, i.extract)
@@ -74,6 +64,23 @@ func newFakeReconciler(t *testing.T, objs ...client.Object) *Reconciler {
 		HostAddresses: hostaddrs.Fixed(hostaddrs.Set{}),
 		recorder:      events.NewFakeRecorder(100),
 	}
+}
+
+// testSchemeAndMapper are the host's kinds as the unit tests know them: Kubernetes', CAPI's,
+// guestnet's, and Cilium's pool and L2 policy (cluster-scoped).
+func testSchemeAndMapper() (*runtime.Scheme, meta.RESTMapper) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(clusterv1.AddToScheme(scheme))
+	utilruntime.Must(guestnetv1.AddToScheme(scheme))
+	mapper := meta.NewDefaultRESTMapper(nil)
+	for _, gvk := range []schema.GroupVersionKind{ingress.PoolGVK, ingress.L2PolicyGVK} {
+		mapper.Add(gvk, meta.RESTScopeRoot)
+	}
+	for gvk := range scheme.AllKnownTypes() {
+		mapper.Add(gvk, meta.RESTScopeNamespace)
+	}
+	return scheme, mapper
 }
 
 // While the guest apiserver cannot be reached, nothing is written: the host objects stay as

@@ -9,26 +9,28 @@ import (
 // without reading every claim of the host: a fleet of N GuestIngresses would otherwise cost
 // O(N) per reconcile and O(N²) to converge (docs/performance.md).
 //
-// Address space is cut in levels: every 8 bits for IPv4 (/8, /16, /24), every 16 for IPv6
-// (/16 … /112). A prefix of p bits lives at its level L, the longest level no longer than p
-// (capped at the last one). It is filed under
+// Address space is cut in levels: every 4 bits for IPv4 (/4, /8 … /32), every 16 for IPv6
+// (/16 … /128). A prefix of p bits lives at its level L, the longest level no longer than p.
+// It is filed under
 //   - "own" at L, the L-block it lies in: found by the narrower prefixes inside that block;
 //   - "in" at every level up to L, the block at that level it lies in: found by the prefixes
 //     of that level or wider;
-//   - "wide" when it is wider than the first level (a /4): found by every query of its family.
+//   - "wide" when it is wider than the first level: found by every query of its family.
 //
 // A query for a prefix q at level Lq asks "in" at Lq (every prefix at least as narrow as Lq in
 // q's Lq-block: those inside q and those around it down to Lq), "own" at every level before Lq
 // (the wider prefixes around q) and "wide". Two prefixes overlap only when one holds the other,
 // so every prefix that overlaps q is under one of these keys; some that do not are too (a
-// /32 query finds every narrow claim of its /24), and the caller checks each candidate.
+// /30 query finds every claim inside its /28), and the caller checks each candidate. A
+// hosting provider hands out single IPs of a few /24s: a level of its own for single
+// addresses keeps a reconcile from reading every claim of its /24.
 
 // addressStep is the width of an address level of the family of a.
 func addressStep(a netip.Addr) (step, last int, family string) {
 	if a.Is4() {
-		return 8, 24, "4"
+		return 4, 32, "4"
 	}
-	return 16, 112, "6"
+	return 16, 128, "6"
 }
 
 // levelOf is the level of a prefix of that many bits, -1 when it is wider than the first.

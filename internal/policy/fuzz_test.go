@@ -30,7 +30,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
@@ -87,7 +86,7 @@ func selector(s string) *metav1.LabelSelector {
 	return ls
 }
 
-func (f fuzzInput) build() (*guestnetv1.GuestIngress, guestnetv1.GuestIngressPolicy, map[string]*unstructured.Unstructured) {
+func (f fuzzInput) build() (*guestnetv1.GuestIngress, guestnetv1.GuestIngressPolicy, policy.PoolMap) {
 	gi := &guestnetv1.GuestIngress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "web", UID: "uid-web"},
 		Spec: guestnetv1.GuestIngressSpec{
@@ -134,7 +133,7 @@ func (f fuzzInput) build() (*guestnetv1.GuestIngress, guestnetv1.GuestIngressPol
 		p.Spec.L2Announcement = &guestnetv1.L2AnnouncementPolicy{Interfaces: split(f.pIfaces), NodeSelector: *sel}
 	}
 
-	pools := map[string]*unstructured.Unstructured{}
+	pools := policy.PoolMap{}
 	if f.poolRef != "" {
 		pool := ingress.NewPool()
 		pool.SetName(f.poolRef)
@@ -350,7 +349,7 @@ func checkBuilders(t *testing.T, in fuzzInput) {
 }
 
 // input is the admission input of the fuzzed GuestIngress.
-func (fuzzInput) input(gi *guestnetv1.GuestIngress, ns *corev1.Namespace, p guestnetv1.GuestIngressPolicy, pools map[string]*unstructured.Unstructured) policy.Input {
+func (fuzzInput) input(gi *guestnetv1.GuestIngress, ns *corev1.Namespace, p guestnetv1.GuestIngressPolicy, pools policy.PoolMap) policy.Input {
 	return policy.Input{GuestIngress: gi, Namespace: ns, Policies: []guestnetv1.GuestIngressPolicy{p}, Pools: pools}
 }
 

@@ -21,7 +21,7 @@ import (
 // copy: every admission reads them all): nothing may change them.
 type World struct {
 	Policies       []guestnetv1.GuestIngressPolicy
-	Pools          map[string]*unstructured.Unstructured
+	Pools          PoolMap
 	Host           hostaddrs.Set
 	namespaces     map[string]*corev1.Namespace
 	guestIngresses map[string][]guestnetv1.GuestIngress

@@ -157,7 +157,7 @@ type bounds struct {
 func newBounds(in Input, p *guestnetv1.GuestIngressPolicy) bounds {
 	b := bounds{gi: in.GuestIngress, policy: p, addresses: Addresses(p), reserved: reserved(in)}
 	if ref := in.GuestIngress.Spec.LoadBalancer.PoolRef; ref != nil && slices.Contains(p.Spec.SharedPools, ref.Name) {
-		if pool := in.Pools[ref.Name]; pool != nil && UnsafeSharedPool(pool) == "" {
+		if pool := in.pools().Get(ref.Name); pool != nil && UnsafeSharedPool(pool) == "" {
 			b.shared = ingress.PoolRanges(pool)
 		}
 	}

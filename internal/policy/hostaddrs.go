@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
@@ -21,7 +19,7 @@ import (
 // reserved: its IP, a CIDR (refused whole), or, with a poolRef and no IP, the shared pool that
 // LB-IPAM would choose its IP from.
 func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngressPolicy, reserved hostaddrs.Set,
-	pools map[string]*unstructured.Unstructured, w words) (Decision, bool) {
+	pools Pools, w words) (Decision, bool) {
 	lb := gi.Spec.LoadBalancer
 	var what []string
 	var hit []hostaddrs.Entry
@@ -37,7 +35,7 @@ func refuseHostAddresses(gi *guestnetv1.GuestIngress, p *guestnetv1.GuestIngress
 		}
 	}
 	if lb.PoolRef != nil && len(ingress.RequestedIPs(gi)) == 0 {
-		if pool := pools[lb.PoolRef.Name]; pool != nil {
+		if pool := pools.Get(lb.PoolRef.Name); pool != nil {
 			var e []hostaddrs.Entry
 			for _, r := range ingress.PoolRanges(pool) {
 				e = append(e, reserved.InRange(r)...)
@@ -82,7 +80,7 @@ func HostAddressesCovered(p *guestnetv1.GuestIngressPolicy, in Input) string {
 		hit = append(hit, set.InPrefix(a)...)
 	}
 	for _, name := range p.Spec.SharedPools {
-		if pool := in.Pools[name]; pool != nil {
+		if pool := in.pools().Get(name); pool != nil {
 			for _, r := range ingress.PoolRanges(pool) {
 				hit = append(hit, set.InRange(r)...)
 			}

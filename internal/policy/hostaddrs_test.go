@@ -80,7 +80,7 @@ func TestAdmitRefusesHostAddresses(t *testing.T) {
 				ps = pools(shared)
 			}
 			d := Admit(Input{GuestIngress: g2, Namespace: namespace("tenant-a", map[string]string{"tenant": "a"}),
-				Policies: []guestnetv1.GuestIngressPolicy{admitting, other}, Pools: ps, Host: hostSet()})
+				Policies: []guestnetv1.GuestIngressPolicy{admitting, other}, Pools: PoolMap(ps), Host: hostSet()})
 			if tt.wantKind == "" {
 				g.Expect(d.Admitted).To(BeTrue(), d.Message)
 				return

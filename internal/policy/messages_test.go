@@ -87,7 +87,7 @@ func TestMessagesNameOnlyTheTenantsOwnObjects(t *testing.T) {
 
 	var messages, withheld []string
 	admit := func(gi *guestnetv1.GuestIngress, policies []guestnetv1.GuestIngressPolicy, pools ...*unstructured.Unstructured) Decision {
-		byName := map[string]*unstructured.Unstructured{}
+		byName := PoolMap{}
 		for _, p := range pools {
 			byName[p.GetName()] = p
 		}

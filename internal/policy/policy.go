@@ -40,8 +40,8 @@ type Input struct {
 	Siblings []guestnetv1.GuestIngress
 	// Pools are ALL CiliumLoadBalancerIPPools, by name: the one spec.loadBalancer.poolRef
 	// names, and every other pool, because LB-IPAM gives a Service without a fixed IP an IP
-	// from any pool whose serviceSelector selects it.
-	Pools map[string]*unstructured.Unstructured
+	// from any pool whose serviceSelector selects it. None when nil.
+	Pools Pools
 	// Host are the host cluster's own addresses (internal/hostaddrs), which no GuestIngress
 	// gets whatever a policy admits; the ranges the policies reserve are added to them.
 	Host hostaddrs.Set
@@ -107,7 +107,7 @@ func admit(in Input, w words) Decision {
 	host := reserved(in)
 	for i := range policies {
 		p := &policies[i]
-		v := violations(p, gi, in.Pools)
+		v := violations(p, gi, in.pools())
 		if !selects(p, in.Namespace) {
 			if len(v) == 0 && wouldAllow == nil {
 				wouldAllow = p
@@ -121,7 +121,7 @@ func admit(in Input, w words) Decision {
 			refusals = append(refusals, refusal{policy: p, what: v})
 			continue
 		}
-		if older, ok := withinQuota(p, gi, in.Siblings, in.Pools, host); w.counted && !ok {
+		if older, ok := withinQuota(p, gi, in.Siblings, in.pools(), host); w.counted && !ok {
 			overQuota = append(overQuota, refusal{policy: p, older: older})
 			continue
 		}
@@ -130,7 +130,7 @@ func admit(in Input, w words) Decision {
 			refusals = append(refusals, refusal{policy: p, what: []string{err.Error()}})
 			continue
 		}
-		if d, refused := refuseHostAddresses(gi, p, host, in.Pools, w); refused {
+		if d, refused := refuseHostAddresses(gi, p, host, in.pools(), w); refused {
 			return d
 		}
 		return Decision{
@@ -143,7 +143,7 @@ func admit(in Input, w words) Decision {
 	// A policy that does not select the namespace is another tenant's business: the tenant
 	// learns that one would allow it, never which one or what it selects (the admin reads
 	// that in the manager's log, Detail).
-	other, detail := "", poolsDetail(gi, in.Pools)
+	other, detail := "", poolsDetail(gi, in.pools())
 	if wouldAllow != nil {
 		other = fmt.Sprintf(" A GuestIngressPolicy that does not select namespace %s would allow it: ask the host admin to select the namespace.", gi.Namespace)
 		detail = strings.TrimSpace(fmt.Sprintf("GuestIngressPolicy %s would allow it but does not select namespace %s (its namespaceSelector: %s). %s",
@@ -180,7 +180,7 @@ func admit(in Input, w words) Decision {
 
 // poolsDetail names, for the manager's log, the pools that keep gi from letting LB-IPAM
 // choose its IP (poolSelectionViolations names none of them to the tenant); "" when none.
-func poolsDetail(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) string {
+func poolsDetail(gi *guestnetv1.GuestIngress, pools Pools) string {
 	handing := poolsHandingOut(gi, pools)
 	if len(handing) == 0 {
 		return ""
@@ -247,7 +247,7 @@ func SelectorString(ls *metav1.LabelSelector) string {
 // (one refused for a host address takes no room).
 // older names those it counted when there is no room.
 func withinQuota(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, siblings []guestnetv1.GuestIngress,
-	pools map[string]*unstructured.Unstructured, host hostaddrs.Set) ([]string, bool) {
+	pools Pools, host hostaddrs.Set) ([]string, bool) {
 	limit := p.Spec.MaxGuestIngressesPerNamespace
 	if limit == nil {
 		return nil, true

@@ -88,7 +88,7 @@ func byNamespace(ns ...string) map[string]any {
 	return map[string]any{"matchExpressions": []any{map[string]any{"key": "io.kubernetes.service.namespace", "operator": "In", "values": vals}}}
 }
 
-func pools(ps ...*unstructured.Unstructured) map[string]*unstructured.Unstructured {
+func pools(ps ...*unstructured.Unstructured) PoolMap {
 	m := map[string]*unstructured.Unstructured{}
 	for _, p := range ps {
 		m[p.GetName()] = p
@@ -692,7 +692,7 @@ func TestUsable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			reason, msg := Usable(&tt.p, tt.pools)
+			reason, msg := Usable(&tt.p, PoolMap(tt.pools))
 			g.Expect(reason).To(Equal(tt.wantReason), msg)
 			g.Expect(msg).To(ContainSubstring(tt.wantMsg))
 		})

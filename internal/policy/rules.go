@@ -21,7 +21,7 @@ import (
 // violations lists what p does not allow of what gi asks for, each as a phrase ("IP
 // 10.2.6.5 (its addresses: 10.98.0.0/16)"), in a stable order; empty when p allows all of
 // it (namespace selection and the cap aside).
-func violations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
+func violations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, pools Pools) []string {
 	var out []string
 	lb := gi.Spec.LoadBalancer
 
@@ -162,7 +162,7 @@ func Within(inner, outer netip.Prefix) bool {
 
 // sharedPoolViolations: poolRef names a pool p offers, that exists, selects by namespace,
 // and holds the requested IP.
-func sharedPoolViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
+func sharedPoolViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.GuestIngress, pools Pools) []string {
 	lb := gi.Spec.LoadBalancer
 	name := lb.PoolRef.Name
 	if !slices.Contains(p.Spec.SharedPools, name) {
@@ -172,7 +172,7 @@ func sharedPoolViolations(p *guestnetv1.GuestIngressPolicy, gi *guestnetv1.Guest
 		}
 		return []string{fmt.Sprintf("shared pool %s (it offers %s)", name, offered)}
 	}
-	pool := pools[name]
+	pool := pools.Get(name)
 	if pool == nil {
 		return []string{fmt.Sprintf("shared pool %s, which does not exist", name)}
 	}
@@ -243,7 +243,7 @@ func KeyAllowed(key string, allowed []string) bool {
 // no pool but its own (and its admitted poolRef pool) selects its host Service. A fixed IP is
 // requested explicitly and must lie in an admitted range or the shared pool. The pools are
 // the platform's: the tenant is told how many, the admin which (poolsDetail, in the log).
-func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
+func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools Pools) []string {
 	n := len(poolsHandingOut(gi, pools))
 	if n == 0 {
 		return nil
@@ -260,7 +260,7 @@ func poolSelectionViolations(gi *guestnetv1.GuestIngress, pools map[string]*unst
 // poolsHandingOut lists the pools, other than gi's own and its poolRef pool, whose
 // serviceSelector selects gi's host Service, each with how ("<name> (it has no
 // serviceSelector...)"), in name order; none when gi has a fixed IP.
-func poolsHandingOut(gi *guestnetv1.GuestIngress, pools map[string]*unstructured.Unstructured) []string {
+func poolsHandingOut(gi *guestnetv1.GuestIngress, pools Pools) []string {
 	lb := gi.Spec.LoadBalancer
 	if len(ingress.RequestedIPs(gi)) > 0 {
 		return nil
@@ -268,9 +268,9 @@ func poolsHandingOut(gi *guestnetv1.GuestIngress, pools map[string]*unstructured
 	svcLabels := ingress.HostServiceLabels(gi)
 	svcName := hostnames.HostService(gi)
 	var out []string
-	for _, name := range slices.Sorted(maps.Keys(pools)) {
-		pool := pools[name]
-		if pool == nil || (lb.PoolRef != nil && name == lb.PoolRef.Name) || ownership.IsOwnedBy(pool, gi) {
+	for _, pool := range pools.All() {
+		name := pool.GetName()
+		if (lb.PoolRef != nil && name == lb.PoolRef.Name) || ownership.IsOwnedBy(pool, gi) {
 			continue
 		}
 		if disabled, _, _ := unstructured.NestedBool(pool.Object, "spec", "disabled"); disabled {

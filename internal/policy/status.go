@@ -5,7 +5,6 @@ import (
 	"regexp"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 )
@@ -14,7 +13,7 @@ import (
 // ReadyReason, or names the first problem, and message says what to fix. pools are all
 // CiliumLoadBalancerIPPools by name. What a problem breaks is refused by Admit too, so a
 // broken policy never admits more than it says.
-func Usable(p *guestnetv1.GuestIngressPolicy, pools map[string]*unstructured.Unstructured) (reason, message string) {
+func Usable(p *guestnetv1.GuestIngressPolicy, pools Pools) (reason, message string) {
 	if _, err := metav1.LabelSelectorAsSelector(&p.Spec.NamespaceSelector); err != nil {
 		return guestnetv1.InvalidSelectorReason, fmt.Sprintf("spec.namespaceSelector is invalid (%v): the policy selects no namespace. Correct it", err)
 	}
@@ -31,7 +30,7 @@ func Usable(p *guestnetv1.GuestIngressPolicy, pools map[string]*unstructured.Uns
 		}
 	}
 	for _, name := range p.Spec.SharedPools {
-		pool := pools[name]
+		pool := pools.Get(name)
 		if pool == nil {
 			return guestnetv1.SharedPoolNotFoundReason, fmt.Sprintf("spec.sharedPools: CiliumLoadBalancerIPPool %s does not exist; "+
 				"GuestIngresses naming it are not admitted. Create it, or remove it from the list", name)
