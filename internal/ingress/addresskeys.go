@@ -25,20 +25,17 @@ import (
 // hosting provider hands out single IPs of a few /24s: a level of its own for single
 // addresses keeps a reconcile from reading every claim of its /24.
 
-// addressStep is the width of an address level of the family of a.
-func addressStep(a netip.Addr) (step, last int, family string) {
-	if a.Is4() {
-		return 4, 32, "4"
+// levelOf is the family of p ("4" or "6"), the width of its levels and the level p lives at;
+// level is -1 when p is wider than the first level.
+func levelOf(p netip.Prefix) (family string, step, level int) {
+	step, last, family := 16, 128, "6"
+	if p.Addr().Is4() {
+		step, last, family = 4, 32, "4"
 	}
-	return 16, 128, "6"
-}
-
-// levelOf is the level of a prefix of that many bits, -1 when it is wider than the first.
-func levelOf(bits, step, last int) int {
-	if bits < step {
-		return -1
+	if p.Bits() < step {
+		return family, step, -1
 	}
-	return min(bits/step*step, last)
+	return family, step, min(p.Bits()/step*step, last)
 }
 
 func addressKey(family, kind string, level int, p netip.Prefix) string {
@@ -54,8 +51,7 @@ func AddressKeys(prefixes []netip.Prefix) []string {
 		if !p.IsValid() {
 			continue
 		}
-		step, last, family := addressStep(p.Addr())
-		level := levelOf(p.Bits(), step, last)
+		family, step, level := levelOf(p)
 		if level < 0 {
 			keys = appendNew(keys, family+"/wide")
 			continue
@@ -76,8 +72,7 @@ func AddressQuery(prefixes []netip.Prefix) (keys []string, all bool) {
 		if !p.IsValid() {
 			continue
 		}
-		step, last, family := addressStep(p.Addr())
-		level := levelOf(p.Bits(), step, last)
+		family, step, level := levelOf(p)
 		if level < 0 {
 			return nil, true
 		}
