@@ -2,6 +2,7 @@ package guestingress
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -21,7 +22,6 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -32,10 +32,8 @@ import (
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostaddrs"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ingress"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/optional"
-	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/ownership"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/policy"
 )
 
@@ -88,9 +86,27 @@ func bytesPerReconcile(t *testing.T, n int) uint64 {
 	return (after.TotalAlloc - before.TotalAlloc) / rounds
 }
 
+// The harness's fleet is at rest as guestnet leaves it: each member is admitted, in conflict
+// with nobody, finds its pool, L2 policy and host Service as its own, and nothing is written
+// (newCachedReconciler fails the test on a write or a request to an apiserver).
+func TestCachedFleetIsAtRest(t *testing.T) {
+	g := NewWithT(t)
+	r, members := newCachedFleet(t, 5)
+	for _, gi := range members {
+		s := reconcileOnTheHost(t, r, gi)
+		o := s.observed
+		g.Expect(o.HostService).NotTo(BeNil(), "host Service of %s", gi.Namespace)
+		g.Expect(o.Pool).NotTo(BeNil(), "pool of %s", gi.Namespace)
+		g.Expect(o.L2Policy).NotTo(BeNil(), "L2 policy of %s", gi.Namespace)
+		g.Expect(o.Self.Held.IP).To(Equal(ingress.ClaimOf(gi).IP), "the IP %s holds", gi.Namespace)
+		g.Expect(o.ForeignPools).To(BeEmpty())
+		g.Expect(s.guestClient).To(BeNil(), "a guest connection")
+	}
+}
+
 // reconcileOnTheHost runs what a reconcile of a member at rest does on the host, and checks
 // that it decided what a member at rest is: admitted, no conflict.
-func reconcileOnTheHost(tb testing.TB, r *Reconciler, gi *guestnetv1.GuestIngress) {
+func reconcileOnTheHost(tb testing.TB, r *Reconciler, gi *guestnetv1.GuestIngress) *scope {
 	ctx := context.Background()
 	cluster := &clusterv1.Cluster{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: gi.Namespace, Name: gi.Spec.ClusterName}, cluster); err != nil {
@@ -106,18 +122,27 @@ func reconcileOnTheHost(tb testing.TB, r *Reconciler, gi *guestnetv1.GuestIngres
 	if !s.observed.Admission.Admitted || ingress.Contest(s.observed.Self, s.observed.Claimants) != nil {
 		tb.Fatalf("%s/%s is not at rest: admitted %t, %v", gi.Namespace, gi.Name, s.observed.Admission.Admitted, ingress.Contest(s.observed.Self, s.observed.Claimants))
 	}
+	return s
 }
 
 // newCachedFleet is a Reconciler on a cache that holds a fleet of n members at rest, and the
 // members' GuestIngresses.
 func newCachedFleet(tb testing.TB, n int) (*Reconciler, []*guestnetv1.GuestIngress) {
 	objs, members := fleetAtRest(n)
-	return newCachedReconciler(tb, objs...), members
+	return newCachedReconciler(tb, managerIndexes, objs...), members
+}
+
+// managerIndexes are the field indexes the manager's cache has on a host that serves Cilium's
+// LB-IPAM (SetupWithManager, watchCilium).
+func managerIndexes(ctx context.Context, indexer client.FieldIndexer) error {
+	return addIndexes(ctx, indexer, slices.Concat(hostIndexes(), ciliumIndexes()))
 }
 
 // fleetAtRest is a hosting provider's fleet of n guest clusters, each with one GuestIngress
-// and what guestnet made for it: a namespace per tenant, IPs from a few shared /24s, every
-// fifth member with a /30 pool of its own instead, one policy that admits them all.
+// and what guestnet made for it (pool, L2 policy, host Service with its IP, as the builders of
+// internal/ingress make them): a namespace per tenant, IPs from a few shared /24s, every fifth
+// member with a /30 pool of its own instead, one policy that admits them all. The Clusters are
+// not provisioned: no guest connection is attempted.
 func fleetAtRest(n int) ([]client.Object, []*guestnetv1.GuestIngress) {
 	objs := []client.Object{&guestnetv1.GuestIngressPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "tenants"},
@@ -128,6 +153,8 @@ func fleetAtRest(n int) ([]client.Object, []*guestnetv1.GuestIngress) {
 			L2Announcement:      &guestnetv1.L2AnnouncementPolicy{Interfaces: []string{"^eth0$"}},
 		},
 	}}
+	admitted := ingress.Admission{Admitted: true, Policy: "tenants", Announcer: ingress.AnnouncerCiliumL2,
+		Announcement: ingress.Announcement{Interfaces: []string{"^eth0$"}}}
 	var members []*guestnetv1.GuestIngress
 	created := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
 	for i := range n {
@@ -143,28 +170,39 @@ func fleetAtRest(n int) ([]client.Object, []*guestnetv1.GuestIngress) {
 			Spec: guestnetv1.GuestIngressSpec{ClusterName: "guest", GuestService: guestnetv1.ObjectReference{Namespace: "ingress", Name: "envoy"},
 				Ports: []guestnetv1.IngressPort{{Name: "http", Port: 80}}, LoadBalancer: lb},
 		}
-		svc := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: hostnames.HostService(gi), Labels: ownership.Labels(gi),
-				OwnerReferences: []metav1.OwnerReference{{APIVersion: guestnetv1.GroupVersion.String(), Kind: "GuestIngress", Name: gi.Name, UID: gi.UID, Controller: ptr.To(true)}}},
-			Spec:   corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(guestnetv1.DefaultLoadBalancerClass)},
-			Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: ingress.ClaimOf(gi).IP.String()}}}},
+		svc := hostServiceAtRest(gi, admitted)
+		l2, err := ingress.L2Policy(gi, admitted.Announcement)
+		if err != nil {
+			panic(err)
 		}
 		objs = append(objs, gi,
 			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"tenant": "yes"}}},
 			&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "guest"}},
-			svc)
-		if pool := ingress.Pool(gi); pool != nil {
-			objs = append(objs, pool)
-		}
+			svc, ingress.Pool(gi), l2)
 		members = append(members, gi)
 	}
 	return objs, members
 }
 
+// hostServiceAtRest is gi's host Service as guestnet applies it (ingress.HostService), with
+// the IP LB-IPAM gave it.
+func hostServiceAtRest(gi *guestnetv1.GuestIngress, a ingress.Admission) *corev1.Service {
+	raw, err := json.Marshal(ingress.HostService(gi, map[string]int32{"http": 30080}, a))
+	if err != nil {
+		panic(err)
+	}
+	svc := &corev1.Service{}
+	if err := json.Unmarshal(raw, svc); err != nil {
+		panic(err)
+	}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ingress.ClaimOf(gi).IP.String()}}
+	return svc
+}
+
 // newCachedReconciler is a Reconciler whose client reads a real controller-runtime cache
-// that holds objs, with the controller's field indexes. Any request to an apiserver fails the
-// test.
-func newCachedReconciler(tb testing.TB, objs ...client.Object) *Reconciler {
+// that holds objs, with the field indexes that indexes registers. Any request to an
+// apiserver, and any write, fails the test.
+func newCachedReconciler(tb testing.TB, indexes func(context.Context, client.FieldIndexer) error, objs ...client.Object) *Reconciler {
 	tb.Helper()
 	scheme, mapper := testSchemeAndMapper()
 	byKind := map[schema.GroupVersionKind][]kruntime.Object{}
@@ -196,10 +234,17 @@ func newCachedReconciler(tb testing.TB, objs ...client.Object) *Reconciler {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
-	if err := addIndexes(ctx, c, slices.Concat(hostIndexes(), ciliumIndexes())); err != nil {
+	if err := indexes(ctx, c); err != nil {
 		tb.Fatal(err)
 	}
 	go func() { _ = c.Start(ctx) }()
+	// The cache starts an informer on the first read of its kind and waits for it: start
+	// them all now, so that no reconcile measured pays for that.
+	for _, items := range byKind {
+		if _, err := c.GetInformer(ctx, items[0].(client.Object)); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	if !c.WaitForCacheSync(ctx) {
 		tb.Fatal("cache not synced")
 	}
