@@ -180,8 +180,7 @@ func (r *Reconciler) deleteAnnouncers(ctx context.Context, s *scope, eventType, 
 		if !r.gateOf(kind).Installed() {
 			continue
 		}
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(kind.GroupVersionKind().GroupVersion().WithKind(kind.GetKind() + "List"))
+		list := listOf(kind.GroupVersionKind())
 		if err := r.APIReader.List(ctx, list, client.MatchingLabels(ownership.SelectGuestIngress(gi))); err != nil {
 			if !optional.IsMissing(err) {
 				errs = append(errs, err)
@@ -220,8 +219,7 @@ func (r *Reconciler) listMetalLBPools(ctx context.Context) ([]unstructured.Unstr
 	if r.MetalLB == nil || !r.MetalLB.Installed() {
 		return nil, nil
 	}
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(ingress.MetalLBPoolGVK.GroupVersion().WithKind(ingress.MetalLBPoolGVK.Kind + "List"))
+	list := listOf(ingress.MetalLBPoolGVK)
 	if err := r.Client.List(ctx, list, readOnly); err != nil && !optional.IsMissing(err) {
 		return nil, fmt.Errorf("listing MetalLB IPAddressPools: %w", err)
 	}

@@ -8,7 +8,10 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -116,12 +119,8 @@ func ipPrefixes(ips []netip.Addr) []netip.Prefix {
 // of the keys of what it asks for and holds.
 func (r *Reconciler) entangledClaimants(ctx context.Context, w *hostWorld, self ingress.Claimant) ([]ingress.Claimant, error) {
 	return ingress.EntangledVia(self, func(c ingress.Claimant) ([]ingress.Claimant, error) {
-		keys, all := ingress.AddressQuery(slices.Concat(c.Wants().Addresses(), c.Held.Addresses()))
-		if all {
-			keys = []string{""}
-		}
 		var out []ingress.Claimant
-		for _, key := range keys {
+		for _, key := range addressKeysToAsk(slices.Concat(c.Wants().Addresses(), c.Held.Addresses())) {
 			near, err := r.claimantsAt(ctx, w, key)
 			if err != nil {
 				return nil, err
@@ -149,16 +148,17 @@ func (r *Reconciler) claimantsAt(ctx context.Context, w *hostWorld, key string) 
 	// Who holds address space there: the GuestIngresses of the pools and host Services.
 	holders := []client.ObjectList{&corev1.ServiceList{}}
 	if r.Cilium.Installed() {
-		holders = append(holders, poolList())
+		holders = append(holders, listOf(ingress.PoolGVK))
 	}
 	for _, list := range holders {
 		if err := r.Client.List(ctx, list, readOnly, atAddress(key)); err != nil && !optional.IsMissing(err) {
 			return nil, fmt.Errorf("listing what holds address space: %w", err)
 		}
-		if err := eachObject(list, func(o client.Object) {
-			if k, ok := ownership.GuestIngressOf(o); ok {
+		if err := meta.EachListItem(list, func(o runtime.Object) error {
+			if k, ok := ownership.GuestIngressOf(o.(client.Object)); ok {
 				keys = append(keys, k)
 			}
+			return nil
 		}); err != nil {
 			return nil, err
 		}
@@ -206,6 +206,17 @@ func (r *Reconciler) claimant(ctx context.Context, w *hostWorld, key types.Names
 	return c, true, nil
 }
 
+// addressKeysToAsk are the address keys (atAddress) under which every claim that overlaps
+// prefixes is filed: ingress.AddressQuery's, or "" (everything) when the index cannot narrow
+// them down.
+func addressKeysToAsk(prefixes []netip.Prefix) []string {
+	keys, all := ingress.AddressQuery(prefixes)
+	if all {
+		return []string{""}
+	}
+	return keys
+}
+
 // atAddress selects what is filed under the address key; "" selects everything.
 func atAddress(key string) client.ListOption {
 	if key == "" {
@@ -248,13 +259,9 @@ func (r *Reconciler) held(ctx context.Context, w *hostWorld, gi *guestnetv1.Gues
 // foreignPools are the pools that overlap what gi asks for and are not guestnet's for a
 // GuestIngress that exists: an admin's, a shared one, or one of a GuestIngress that is gone.
 func (r *Reconciler) foreignPools(ctx context.Context, w *hostWorld, gi *guestnetv1.GuestIngress) ([]*unstructured.Unstructured, error) {
-	keys, all := ingress.AddressQuery(ingress.PoolPrefixes(gi))
-	if all {
-		keys = []string{""}
-	}
 	var out []*unstructured.Unstructured
-	for _, key := range keys {
-		pools := poolList()
+	for _, key := range addressKeysToAsk(ingress.PoolPrefixes(gi)) {
+		pools := listOf(ingress.PoolGVK)
 		if err := r.Client.List(ctx, pools, readOnly, atAddress(key)); err != nil {
 			return nil, fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)
 		}
@@ -264,10 +271,11 @@ func (r *Reconciler) foreignPools(ctx context.Context, w *hostWorld, gi *guestne
 				continue
 			}
 			if owner, ok := ownership.GuestIngressOf(pool); ok {
-				if _, exists, err := r.claimant(ctx, w, owner); err != nil || exists {
-					if err != nil {
-						return nil, err
-					}
+				_, exists, err := r.claimant(ctx, w, owner)
+				if err != nil {
+					return nil, err
+				}
+				if exists {
 					continue
 				}
 			}
@@ -303,15 +311,11 @@ func (r *Reconciler) ofCluster(ctx context.Context, gi *guestnetv1.GuestIngress)
 func (r *Reconciler) madeFor(ctx context.Context, key types.NamespacedName) ([]client.Object, error) {
 	lists := []client.ObjectList{&corev1.ServiceList{}}
 	if r.Cilium.Installed() {
-		l2 := &unstructured.UnstructuredList{}
-		l2.SetGroupVersionKind(ingress.L2PolicyGVK.GroupVersion().WithKind(ingress.L2PolicyGVK.Kind + "List"))
-		lists = append(lists, poolList(), l2)
+		lists = append(lists, listOf(ingress.PoolGVK), listOf(ingress.L2PolicyGVK))
 	}
 	for _, kind := range ingress.AnnouncerKinds().List() {
 		if r.gateOf(kind).Installed() {
-			list := &unstructured.UnstructuredList{}
-			list.SetGroupVersionKind(kind.GroupVersionKind().GroupVersion().WithKind(kind.GetKind() + "List"))
-			lists = append(lists, list)
+			lists = append(lists, listOf(kind.GroupVersionKind()))
 		}
 	}
 	var out []client.Object
@@ -322,10 +326,12 @@ func (r *Reconciler) madeFor(ctx context.Context, key types.NamespacedName) ([]c
 			}
 			return nil, fmt.Errorf("listing what was made for GuestIngress %s: %w", key, err)
 		}
-		if err := eachObject(list, func(o client.Object) {
+		if err := meta.EachListItem(list, func(item runtime.Object) error {
+			o := item.(client.Object)
 			if k, ok := ownership.GuestIngressOf(o); ok && k == key && ownership.MadeByInstance(o, r.WatchFilterValue) {
 				out = append(out, o)
 			}
+			return nil
 		}); err != nil {
 			return nil, err
 		}
@@ -333,28 +339,11 @@ func (r *Reconciler) madeFor(ctx context.Context, key types.NamespacedName) ([]c
 	return out, nil
 }
 
-func poolList() *unstructured.UnstructuredList {
+// listOf is an empty list of the kind gvk (a Cilium, MetalLB or other unstructured kind).
+func listOf(gvk schema.GroupVersionKind) *unstructured.UnstructuredList {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(ingress.PoolGVK.GroupVersion().WithKind(ingress.PoolGVK.Kind + "List"))
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 	return list
-}
-
-// eachObject calls f with every item of list (a ServiceList or an UnstructuredList), as an
-// object of the list's own storage.
-func eachObject(list client.ObjectList, f func(client.Object)) error {
-	switch l := list.(type) {
-	case *corev1.ServiceList:
-		for i := range l.Items {
-			f(&l.Items[i])
-		}
-	case *unstructured.UnstructuredList:
-		for i := range l.Items {
-			f(&l.Items[i])
-		}
-	default:
-		return fmt.Errorf("unexpected list %T", list)
-	}
-	return nil
 }
 
 // cachedPools are the host's pools as one reconcile asks for them (policy.Pools): each by name
@@ -390,7 +379,7 @@ func (p *cachedPools) All() []*unstructured.Unstructured {
 	if p.all != nil {
 		return p.all
 	}
-	list := poolList()
+	list := listOf(ingress.PoolGVK)
 	if err := p.reader.List(p.ctx, list, readOnly); err != nil {
 		if p.err == nil {
 			p.err = fmt.Errorf("listing CiliumLoadBalancerIPPools: %w", err)

@@ -148,12 +148,8 @@ func (r *Reconciler) guestIngressesColliding(ctx context.Context, except client.
 	for _, c := range claims {
 		addresses = append(addresses, c.Addresses()...)
 	}
-	keys, all := ingress.AddressQuery(addresses)
-	if all {
-		keys = []string{""}
-	}
 	var requests []reconcile.Request
-	for _, key := range keys {
+	for _, key := range addressKeysToAsk(addresses) {
 		list := &guestnetv1.GuestIngressList{}
 		if err := r.Client.List(ctx, list, readOnly, atAddress(key)); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses")
