@@ -93,6 +93,12 @@ type Result struct {
 	Repairs []RepairStats `json:"repairs"`
 	// Floor compares guestnet with a plain client writing the same objects (floor_lab_test.go).
 	Floor *FloorResult `json:"floor,omitempty"`
+	// RestartRequests are the restarted manager's requests until every member was exposed,
+	// by verb and resource (its CPU profile is cpu-n<N>-restart.pprof); RestartLatency the apiservers' time to answer
+	// them, by verb and resource; RestartTimeline the requests per minute since its start.
+	RestartRequests map[string]int       `json:"restartRequests,omitempty"`
+	RestartLatency  map[string]LatencyMs `json:"restartLatencyMs,omitempty"`
+	RestartTimeline []TimelineMinute     `json:"restartTimeline,omitempty"`
 }
 
 const (
@@ -337,13 +343,39 @@ func runFleet(t *testing.T, bin, out string, n int, fleet fleetShape) Result {
 		t.Fatalf("repairs: %v", err)
 	}
 	stop()
+	next() // what the manager did before its restart
+	var restart []lab.AuditRequest
 	if r.Floor, err = measureFloor(ctx, t, l, members, func() func() {
 		cmd := startManager(t, bin, l, filepath.Join(dir, "manager-restart.log"))
-		return func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
+		waitManagerReady(t)
+		profiled := profileCPU(t, filepath.Join(out, fmt.Sprintf("cpu-n%d-restart.pprof", n)), cpuProfileSeconds(n))
+		return func() {
+			restart = next() // (before the profile's end: what came until every member was exposed)
+			<-profiled
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
 	}); err != nil {
 		t.Fatalf("floor: %v", err)
 	}
+	r.RestartRequests, r.RestartLatency, r.RestartTimeline = byVerbAndResource(restart), latencies(restart), timeline(restart)
+	keepLogs(t, dir, out, n)
 	return r
+}
+
+// keepLogs copies the manager's logs of fleet size n to out (what a bench run's figures are
+// explained from).
+func keepLogs(t *testing.T, dir, out string, n int) {
+	for _, name := range []string{"manager.log", "manager-restart.log"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Logf("keeping %s: %v", name, err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(out, fmt.Sprintf("n%d-%s", n, name)), b, 0o644); err != nil {
+			t.Logf("keeping %s: %v", name, err)
+		}
+	}
 }
 
 // readyTimeout is how long a fleet of n may take from its first creation until every object
@@ -519,6 +551,9 @@ func markdown(results []Result, bridgeEvery int) string {
 	for _, r := range results {
 		fmt.Fprintf(&b, "\nN=%d, creation:\n\n```\n%s```\n\nN=%d, steady state over a resync:\n\n```\n%s```\n",
 			r.N, lab.FormatCounts(r.CreationRequests), r.N, lab.FormatCounts(r.SteadyRequests))
+	}
+	for _, r := range results {
+		b.WriteString(restartMarkdown(r))
 	}
 	return b.String()
 }

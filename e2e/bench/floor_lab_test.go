@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +50,11 @@ type FloorResult struct {
 	GuestnetP99 float64 `json:"guestnetP99Seconds"`
 	// Ratio is GuestnetAll / FloorAll.
 	Ratio float64 `json:"ratio"`
+	// FloorCPU and GuestnetCPU are the CPU seconds every process of the lab used over each
+	// of the two spans, by command (lab.CPUByCommand; the host's apiserver apart from the
+	// guest shards'): on a machine the lab saturates, what a member costs the lab bounds both.
+	FloorCPU    map[string]float64 `json:"floorCpuSeconds,omitempty"`
+	GuestnetCPU map[string]float64 `json:"guestnetCpuSeconds,omitempty"`
 }
 
 // measureFloor runs the floor and guestnet's restart on the fleet, with the manager stopped
@@ -63,6 +69,7 @@ func measureFloor(ctx context.Context, t *testing.T, l *lab.Lab, members []*lab.
 		return nil, err
 	}
 	f := &FloorResult{GuestIngresses: len(objs)}
+	cpu := labCPU(l)
 	start := time.Now()
 	started, writes, err := writeFloor(ctx, l, objs)
 	if err != nil {
@@ -72,6 +79,7 @@ func measureFloor(ctx context.Context, t *testing.T, l *lab.Lab, members []*lab.
 	if err != nil {
 		return nil, err
 	}
+	f.FloorCPU = cpu.since()
 	f.FloorWrites = writes
 	f.FloorAll, f.FloorP50, f.FloorP99 = spans(start, started, exposed)
 	t.Logf("floor: %d writes, all exposed after %.1f s", writes, f.FloorAll)
@@ -79,6 +87,7 @@ func measureFloor(ctx context.Context, t *testing.T, l *lab.Lab, members []*lab.
 	if err := takeAway(ctx, l, objs); err != nil {
 		return nil, err
 	}
+	cpu = labCPU(l)
 	start = time.Now()
 	stop := startManager()
 	defer stop()
@@ -86,12 +95,42 @@ func measureFloor(ctx context.Context, t *testing.T, l *lab.Lab, members []*lab.
 	if err != nil {
 		return nil, err
 	}
+	f.GuestnetCPU = cpu.since()
 	f.GuestnetAll, f.GuestnetP50, f.GuestnetP99 = spans(start, nil, exposed)
 	if f.FloorAll > 0 {
 		f.Ratio = f.GuestnetAll / f.FloorAll
 	}
 	t.Logf("guestnet restarted: all exposed after %.1f s (%.2f x the floor)", f.GuestnetAll, f.Ratio)
 	return f, nil
+}
+
+// cpuReading is the lab's CPU use by command at one moment.
+type cpuReading struct {
+	pids   map[int]string
+	before map[string]float64
+}
+
+// labCPU reads the lab's CPU use now; the host's apiserver is named apart from the shards'.
+func labCPU(l *lab.Lab) cpuReading {
+	r := cpuReading{pids: map[int]string{l.Host.PID(): "kube-apiserver (host)"}}
+	r.before, _ = lab.CPUByCommand(r.pids) // (no figures is no reason to stop the bench)
+	return r
+}
+
+// since is the CPU seconds used by command since the reading (a process started since
+// counts from zero).
+func (r cpuReading) since() map[string]float64 {
+	now, err := lab.CPUByCommand(r.pids)
+	if err != nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for name, seconds := range now {
+		if d := seconds - r.before[name]; d >= 0.05 {
+			out[name] = d
+		}
+	}
+	return out
 }
 
 // memberObjects are the objects guestnet wrote for one member's GuestIngress, as written.
@@ -341,4 +380,125 @@ func spans(start time.Time, started, exposed map[int]time.Time) (all, p50, p99 f
 		return 0, 0, 0
 	}
 	return last.Sub(start).Seconds(), quantile(times, 0.5), quantile(times, 0.99)
+}
+
+// LatencyMs is how long the apiservers took to answer requests of one kind, in ms.
+type LatencyMs struct {
+	Count int     `json:"count"`
+	Mean  float64 `json:"mean"`
+	P99   float64 `json:"p99"`
+}
+
+// latencies are the apiservers' answer times of reqs (watches apart), by verb and resource.
+func latencies(reqs []lab.AuditRequest) map[string]LatencyMs {
+	byKind := map[string][]float64{}
+	for _, q := range reqs {
+		if q.Verb == "watch" || q.Received.IsZero() || q.Answered.IsZero() {
+			continue
+		}
+		key := q.Verb + " " + q.Resource()
+		byKind[key] = append(byKind[key], float64(q.Answered.Sub(q.Received).Microseconds())/1000)
+	}
+	out := map[string]LatencyMs{}
+	for key, ms := range byKind {
+		sort.Float64s(ms)
+		sum := 0.0
+		for _, m := range ms {
+			sum += m
+		}
+		out[key] = LatencyMs{Count: len(ms), Mean: sum / float64(len(ms)), P99: quantile(ms, 0.99)}
+	}
+	return out
+}
+
+// TimelineMinute is one minute of the restarted manager's requests, counted from its first.
+type TimelineMinute struct {
+	Minute int `json:"minute"`
+	// Requests (watches apart), of them writes apart from events, and events.
+	Requests int `json:"requests"`
+	Writes   int `json:"writes"`
+	Events   int `json:"events"`
+	// MeanMs is the apiservers' mean time to answer them.
+	MeanMs float64 `json:"meanMs"`
+}
+
+// timeline counts reqs by the minute they were received in, from the first one on.
+func timeline(reqs []lab.AuditRequest) []TimelineMinute {
+	var first time.Time
+	for _, q := range reqs {
+		if q.Verb != "watch" && !q.Received.IsZero() && (first.IsZero() || q.Received.Before(first)) {
+			first = q.Received
+		}
+	}
+	var out []TimelineMinute
+	sums := []float64{}
+	for _, q := range reqs {
+		if q.Verb == "watch" || q.Received.IsZero() {
+			continue
+		}
+		m := int(q.Received.Sub(first) / time.Minute)
+		for len(out) <= m {
+			out = append(out, TimelineMinute{Minute: len(out)})
+			sums = append(sums, 0)
+		}
+		out[m].Requests++
+		switch {
+		case q.Write() && q.Resource() == "events":
+			out[m].Events++
+		case q.Write():
+			out[m].Writes++
+		}
+		sums[m] += float64(q.Answered.Sub(q.Received).Microseconds()) / 1000
+	}
+	for i := range out {
+		if out[i].Requests > 0 {
+			out[i].MeanMs = sums[i] / float64(out[i].Requests)
+		}
+	}
+	return out
+}
+
+// restartMarkdown is the restarted manager's requests: by kind with the apiservers' answer
+// times, and per minute.
+func restartMarkdown(r Result) string {
+	if len(r.RestartRequests) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nN=%d, the restart (until every member was exposed): requests, and the apiservers' time to answer them (ms):\n\n| request | count | per member | mean (ms) | p99 (ms) |\n|---|---|---|---|---|\n", r.N)
+	keys := make([]string, 0, len(r.RestartRequests))
+	for k := range r.RestartRequests {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		l := r.RestartLatency[k]
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f |\n", k, r.RestartRequests[k], float64(r.RestartRequests[k])/float64(r.N), l.Mean, l.P99)
+	}
+	if f := r.Floor; f != nil && (len(f.FloorCPU) > 0 || len(f.GuestnetCPU) > 0) {
+		fmt.Fprintf(&b, "\nN=%d, CPU seconds the lab's processes used, by command, during the floor (%.0f s) and during guestnet's restart (%.0f s):\n\n| command | floor | guestnet |\n|---|---|---|\n", r.N, f.FloorAll, f.GuestnetAll)
+		names := map[string]bool{}
+		for n := range f.FloorCPU {
+			names[n] = true
+		}
+		for n := range f.GuestnetCPU {
+			names[n] = true
+		}
+		sorted := make([]string, 0, len(names))
+		for n := range names {
+			sorted = append(sorted, n)
+		}
+		sort.Strings(sorted)
+		floorSum, guestnetSum := 0.0, 0.0
+		for _, n := range sorted {
+			fmt.Fprintf(&b, "| %s | %.1f | %.1f |\n", n, f.FloorCPU[n], f.GuestnetCPU[n])
+			floorSum, guestnetSum = floorSum+f.FloorCPU[n], guestnetSum+f.GuestnetCPU[n]
+		}
+		fmt.Fprintf(&b, "| all | %.1f | %.1f |\n", floorSum, guestnetSum)
+	}
+	fmt.Fprintf(&b, "\nN=%d, the restart minute by minute:\n\n| minute | requests | writes | events | mean answer (ms) |\n|---|---|---|---|---|\n", r.N)
+	for _, m := range r.RestartTimeline {
+		fmt.Fprintf(&b, "| %d | %d | %d | %d | %.1f |\n", m.Minute, m.Requests, m.Writes, m.Events, m.MeanMs)
+	}
+	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 )
 
 // AuditRequest is one request as the apiserver's audit log records it (Metadata level).
@@ -25,6 +26,10 @@ type AuditRequest struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
 	RequestURI string `json:"requestURI"`
+	// Received and Answered are when the apiserver received the request and when it had
+	// answered it (the ResponseComplete stage; ResponseStarted for a watch).
+	Received time.Time `json:"requestReceivedTimestamp"`
+	Answered time.Time `json:"stageTimestamp"`
 }
 
 // Write is true for the verbs that change something (apply is a patch).

@@ -145,3 +145,61 @@ func ReadProcessUsage(pid int) (ProcessUsage, error) {
 	u.CPUSeconds = (utime + stime) / 100
 	return u, nil
 }
+
+// CPUByCommand is the CPU seconds used so far by this process and every process it started
+// (children and theirs), by command name (/proc/<pid>/comm); the processes of pids are
+// counted under the names given there instead (to tell one apiserver from the others). A
+// process that ended is not counted: compare two readings of processes that run throughout.
+func CPUByCommand(pids map[int]string) (map[string]float64, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	parent := map[int]int{}
+	name := map[int]string{}
+	cpu := map[int]float64{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		f := strings.Fields(string(stat[end+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		parent[pid], _ = strconv.Atoi(f[1])
+		utime, _ := strconv.ParseFloat(f[11], 64)
+		stime, _ := strconv.ParseFloat(f[12], 64)
+		name[pid], cpu[pid] = string(stat[open+1:end]), (utime+stime)/100
+	}
+	self := os.Getpid()
+	descends := func(pid int) bool {
+		for i := 0; pid > 1 && i < 64; i++ {
+			if pid == self {
+				return true
+			}
+			pid = parent[pid]
+		}
+		return false
+	}
+	out := map[string]float64{}
+	for pid, seconds := range cpu {
+		if !descends(pid) {
+			continue
+		}
+		n := name[pid]
+		if given, ok := pids[pid]; ok {
+			n = given
+		}
+		out[n] += seconds
+	}
+	return out, nil
+}
