@@ -25,12 +25,24 @@ import (
 // ServiceUpToDate reports whether applying desired to the live Service as guestnet's field
 // manager would change nothing: the fields guestnet owns in live are exactly desired's, with
 // desired's values.
+//
+// The answer is remembered for live's UID and resourceVersion (verdicts).
 func ServiceUpToDate(desired *corev1ac.ServiceApplyConfiguration, live *corev1.Service) (bool, error) {
+	key, remember := serviceVerdicts.key(live.UID, live.ResourceVersion, desired)
+	if remember {
+		if upToDate, ok := serviceVerdicts.get(key); ok {
+			return upToDate, nil
+		}
+	}
 	owned, err := corev1ac.ExtractService(live, ownership.FieldManager)
 	if err != nil {
 		return false, err
 	}
-	return equality.Semantic.DeepEqual(owned, desired), nil
+	upToDate := equality.Semantic.DeepEqual(owned, desired)
+	if remember {
+		serviceVerdicts.put(key, upToDate)
+	}
+	return upToDate, nil
 }
 
 // ApplyService server-side applies desired as guestnet (forcing only the fields it lists)
