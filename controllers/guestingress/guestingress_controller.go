@@ -119,6 +119,10 @@ type scope struct {
 	plan     *ingress.Plan
 	result   *ingress.Result
 
+	// notTriedYet: the manager has not tried to connect to the guest since it started
+	// (clusterscope.NotTriedYet), and the reconcile stopped before the plan: the status stays
+	// as the last reconcile that knew the guest left it.
+	notTriedYet bool
 	// hostDeleted: the host objects are gone (deletion); waitingForGuest: the deletion waits
 	// for the guest apiserver to give the guest Service back.
 	hostDeleted     bool
@@ -389,12 +393,13 @@ func (r *Reconciler) reader() prologue.Reader {
 // write (status.Patch). The status is derived first from what the reconcile observed and did:
 // all of it (updateStatus) and, after a reconcile without error, status.observedGeneration is
 // stamped; while paused, what reconcileHeld decided (updatePausedStatus); nothing after a
-// sweep (the reconcile its deletions bring reports). Condition changes are recorded as events
+// sweep (the reconcile its deletions bring reports) or before the manager's first try to
+// connect to the guest (notTriedYet). Condition changes are recorded as events
 // once they are stored.
 func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress, s *scope, reconciled bool) error {
 	gi := s.guestIngress
 	switch {
-	case s.swept:
+	case s.swept, s.notTriedYet:
 	case s.paused:
 		updatePausedStatus(s)
 	default:
@@ -410,7 +415,7 @@ func (r *Reconciler) patch(ctx context.Context, before *guestnetv1.GuestIngress,
 	if err != nil {
 		return err
 	}
-	record.Conditions(r.recorder, gi, before.Status.Conditions)
+	record.Conditions(ctx, r.recorder, gi, before.Status.Conditions)
 	if written && s.observed != nil && s.plan != nil {
 		// The conditions name only the tenant's own objects; what they leave out is the
 		// admin's, logged with each status they were written with.

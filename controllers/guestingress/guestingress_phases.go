@@ -62,6 +62,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, nil
 	}
 	s.err = r.observe(ctx, s)
+	if s.err == nil && s.notTriedYet {
+		// A manager that has just started: the ClusterCache's first try brings it back.
+		return ctrl.Result{}, nil
+	}
 	if s.err == nil {
 		s.plan = ingress.MakePlan(s.observed)
 		s.err = r.apply(ctx, s)
@@ -87,6 +91,10 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
 	if s.cluster != nil && s.cluster.DeletionTimestamp.IsZero() {
 		s.guestClient, s.guestErr = clusterscope.GuestClient(ctx, r.ClusterCache, s.cluster)
+		if clusterscope.NotTriedYet(s.guestErr) && conditions.Has(gi, guestnetv1.ClusterAvailableCondition) {
+			s.notTriedYet = true // what the last reconcile reported stands until then
+			return nil
+		}
 		if s.guestErr != nil && !errors.Is(s.guestErr, clustercache.ErrClusterNotConnected) && !clusterscope.IsGuestTooLarge(s.guestErr) {
 			return s.guestErr
 		}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -159,4 +160,62 @@ func TestReconcileNormalChangesNothingWhileTheGuestIsUnreachable(t *testing.T) {
 	g.Expect(gi.Finalizers).To(BeEmpty())
 	g.Expect(<-r.recorder.(*events.FakeRecorder).Events).To(ContainSubstring("Deleted Service k0smotron/tenant-a-web"))
 	g.Expect(<-r.recorder.(*events.FakeRecorder).Events).To(And(ContainSubstring("Warning GuestGone"), ContainSubstring("Service projectcontour/envoy in the guest may keep")))
+}
+
+// notTriedCache is a ClusterCache that has not tried to connect to any guest yet: the manager
+// has just started.
+type notTriedCache struct{ clustercache.ClusterCache }
+
+func (notTriedCache) Tried(context.Context, client.ObjectKey) bool { return false }
+
+// A manager that has just started has not tried to connect to the guest yet. Its reconcile
+// writes nothing, status included: what the last manager reported stands until the first try
+// (its connect event brings the GuestIngress back). A restart of guestnet is no outage of its
+// tenants' guests, and costs no write per GuestIngress.
+func TestReconcileBeforeTheFirstConnectWritesNothing(t *testing.T) {
+	g := NewWithT(t)
+	gi := &guestnetv1.GuestIngress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "web", UID: "uid-1", Generation: 2, Finalizers: []string{guestnetv1.GuestIngressFinalizer}},
+		Spec: guestnetv1.GuestIngressSpec{
+			ClusterName:  "tenant-a",
+			GuestService: guestnetv1.ObjectReference{Namespace: "projectcontour", Name: "envoy"},
+			Ports:        []guestnetv1.IngressPort{{Name: "http", Port: 80}},
+			LoadBalancer: guestnetv1.LoadBalancerSpec{IP: "10.2.6.220"},
+		},
+		Status: guestnetv1.GuestIngressStatus{LoadBalancerIP: "10.2.6.220", HostService: "tenant-a-web", ReadyEndpoints: 2, ObservedGeneration: 1},
+	}
+	for _, c := range []string{guestnetv1.ClusterAvailableCondition, guestnetv1.GuestServiceReadyCondition, guestnetv1.ReadyCondition} {
+		conditions.Set(gi, metav1.Condition{Type: c, Status: metav1.ConditionTrue, Reason: "AsBefore", LastTransitionTime: metav1.Now()})
+	}
+	conditions.Set(gi, metav1.Condition{Type: guestnetv1.PausedCondition, Status: metav1.ConditionFalse, Reason: guestnetv1.NotPausedReason, LastTransitionTime: metav1.Now()})
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "k0smotron", Name: "tenant-a"}}
+	cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
+	r := newFakeReconciler(t, cluster, gi.DeepCopy())
+	r.ClusterCache = notTriedCache{ClusterCache: clustercache.NewFakeEmptyClusterCache()}
+	r.Admit = func(policy.Input) policy.Decision { return policy.Decision{Admitted: true, Policy: "all"} }
+	var writes []string
+	r.Client = interceptor.NewClient(r.Client.(client.WithWatch), interceptor.Funcs{
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			writes = append(writes, "apply")
+			return c.Apply(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			writes = append(writes, "patch "+obj.GetName())
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			data, _ := patch.Data(obj)
+			writes = append(writes, "patch "+sub+" "+obj.GetName()+" "+string(data))
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+
+	_, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gi)})
+
+	g.Expect(writes).To(BeEmpty())
+	g.Expect(err).NotTo(HaveOccurred())
+	got := &guestnetv1.GuestIngress{}
+	g.Expect(r.Client.Get(context.Background(), client.ObjectKeyFromObject(gi), got)).To(Succeed())
+	g.Expect(got.Status.Conditions).To(Equal(gi.Status.Conditions))
+	g.Expect(r.recorder.(*events.FakeRecorder).Events).To(BeEmpty())
 }

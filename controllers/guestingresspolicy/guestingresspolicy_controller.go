@@ -91,8 +91,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Named(controllerName).
 		For(&guestnetv1.GuestIngressPolicy{}, builder.WithPredicates(filter)).
 		Watches(&corev1.Namespace{}, allPolicies, builder.WithPredicates(labelsChanged())).
-		// A resync of the GuestIngresses would ask for every policy once per GuestIngress.
-		Watches(&guestnetv1.GuestIngress{}, allPolicies, builder.WithPredicates(filter, clusterscope.Changed)).
+		// A resync of the GuestIngresses would ask for every policy once per GuestIngress, and
+		// so would every status write of one (admission never reads a GuestIngress's status).
+		Watches(&guestnetv1.GuestIngress{}, allPolicies, builder.WithPredicates(filter, clusterscope.Changed, notStatusOnly())).
 		WatchesRawSource(r.HostAddresses.Source(allPolicies)).
 		WithOptions(options).
 		Build(r)
@@ -114,6 +115,12 @@ func labelsChanged() predicate.Funcs {
 			return !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
 		},
 	}
+}
+
+// notStatusOnly passes creations, deletions and updates of anything but the status: the
+// spec and deletion (they change metadata.generation), labels and annotations.
+func notStatusOnly() predicate.Predicate {
+	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{})
 }
 
 // allPolicies enqueues every policy this manager serves.
@@ -188,6 +195,6 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.policy, opts...); err != nil {
 		return err
 	}
-	record.Conditions(r.recorder, s.policy, conditionsBefore)
+	record.Conditions(ctx, r.recorder, s.policy, conditionsBefore)
 	return nil
 }

@@ -285,7 +285,7 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.gni, opts...); err != nil {
 		return err
 	}
-	record.Conditions(r.recorder, s.gni, conditionsBefore)
+	record.Conditions(ctx, r.recorder, s.gni, conditionsBefore)
 	return nil
 }
 

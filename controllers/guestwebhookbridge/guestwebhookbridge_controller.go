@@ -277,6 +277,6 @@ func (r *Reconciler) patch(ctx context.Context, patchHelper *patch.Helper, s *sc
 	if err := patchHelper.Patch(ctx, s.bridge, opts...); err != nil {
 		return err
 	}
-	record.Conditions(r.recorder, s.bridge, conditionsBefore)
+	record.Conditions(ctx, r.recorder, s.bridge, conditionsBefore)
 	return nil
 }

@@ -71,6 +71,9 @@ func GuestClient(ctx context.Context, cc clustercache.ClusterCache, cluster *clu
 	key := client.ObjectKeyFromObject(cluster)
 	guestClient, err := cc.GetClient(ctx, key)
 	if err != nil {
+		if t, ok := cc.(connectTracker); ok && errors.Is(err, clustercache.ErrClusterNotConnected) && !t.Tried(ctx, key) {
+			return nil, fmt.Errorf("%w: %w", err, errNotTriedYet)
+		}
 		return nil, err
 	}
 	uncached, err := cc.GetUncachedClient(ctx, key)
@@ -115,3 +118,19 @@ func GuestGone(ctx context.Context, reader client.Reader, namespace, clusterName
 	}
 	return false, "", nil
 }
+
+// errNotTriedYet is GuestClient's error before the ClusterCache's first try to connect to the
+// guest since the manager started (it wraps clustercache.ErrClusterNotConnected).
+var errNotTriedYet = errors.New("guestnet has not tried to connect to it since it started")
+
+// connectTracker is a ClusterCache that says whether it has tried to connect to a guest
+// since it started (internal/guestcache).
+type connectTracker interface {
+	Tried(ctx context.Context, cluster client.ObjectKey) bool
+}
+
+// NotTriedYet reports whether guestErr (GuestClient's) says only that the ClusterCache has not
+// tried to connect to the guest yet: a manager that has just started knows nothing of the
+// guest, which is not "unreachable" (SetClusterAvailableCondition keeps what was reported).
+// The ClusterCache's first try, success or failure, brings the object back.
+func NotTriedYet(guestErr error) bool { return errors.Is(guestErr, errNotTriedYet) }

@@ -2,9 +2,11 @@ package clusterscope
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -59,6 +61,51 @@ func TestConnect(t *testing.T) {
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(c != nil).To(Equal(tt.wantClient))
 			g.Expect(conditions.GetReason(obj, guestnetv1.ClusterAvailableCondition)).To(Equal(tt.wantReason))
+		})
+	}
+}
+
+// tracker is a ClusterCache that has not connected to any guest and says whether it tried.
+type tracker struct {
+	clustercache.ClusterCache
+	tried bool
+}
+
+func (t tracker) Tried(context.Context, client.ObjectKey) bool { return t.tried }
+
+// A manager that has just started has not tried to connect to the guest yet: that says
+// nothing of the guest, so what the object reported stays (a restart of guestnet is no
+// outage of every tenant's guest). Once it tried and failed, the guest is unreachable.
+func TestConnectBeforeTheFirstTryKeepsWhatWasReported(t *testing.T) {
+	available := func() *guestnetv1.GuestIngress {
+		obj := newGuestIngress()
+		conditions.Set(obj, metav1.Condition{Type: guestnetv1.ClusterAvailableCondition, Status: metav1.ConditionTrue, Reason: guestnetv1.ClusterAvailableReason})
+		return obj
+	}
+	tests := []struct {
+		name       string
+		obj        *guestnetv1.GuestIngress
+		tried      bool
+		wantReason string
+	}{
+		{name: "not tried yet, available before", obj: available(), wantReason: guestnetv1.ClusterAvailableReason},
+		{name: "tried and failed, available before", obj: available(), tried: true, wantReason: guestnetv1.GuestUnreachableReason},
+		{name: "not tried yet, nothing reported before", obj: newGuestIngress(), wantReason: guestnetv1.GuestUnreachableReason},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			cache := tracker{ClusterCache: clustercache.NewFakeEmptyClusterCache(), tried: tt.tried}
+
+			c, err := Connect(context.Background(), cache, tt.obj, newCluster(provisioned))
+
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c).To(BeNil())
+			g.Expect(conditions.GetReason(tt.obj, guestnetv1.ClusterAvailableCondition)).To(Equal(tt.wantReason))
+
+			_, guestErr := GuestClient(context.Background(), cache, newCluster(provisioned))
+			g.Expect(errors.Is(guestErr, clustercache.ErrClusterNotConnected)).To(BeTrue())
+			g.Expect(NotTriedYet(guestErr)).To(Equal(!tt.tried))
 		})
 	}
 }

@@ -62,6 +62,9 @@ func pauseReasons(obj metav1.Object, cluster *clusterv1.Cluster) []string {
 // SetClusterAvailableCondition sets ClusterAvailable on obj from its Cluster (nil when it
 // does not exist) and the error, if any, of getting a client for the guest apiserver.
 func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestErr error) {
+	if NotTriedYet(guestErr) && conditions.Has(obj, guestnetv1.ClusterAvailableCondition) {
+		return // what the last try found stands until this manager's first
+	}
 	clusterName := ClusterNameOf(obj)
 	condition := metav1.Condition{Type: guestnetv1.ClusterAvailableCondition, Status: metav1.ConditionFalse}
 	switch {

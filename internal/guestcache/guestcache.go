@@ -193,6 +193,9 @@ func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		}
 		if err := g.connect(ctx, c); err != nil {
 			log.Error(err, "Connect failed")
+			if g.state().ConsecutiveFailures == 1 {
+				c.send(cluster) // the objects that waited for the first try (Tried) report it
+			}
 			return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
 		}
 		log.Info("Connected")
@@ -323,6 +326,14 @@ func (c *Cache) Watch(ctx context.Context, cluster client.ObjectKey, watcher clu
 		return fmt.Errorf("%w: watch %s", clustercache.ErrClusterNotConnected, watcher.Name())
 	}
 	return g.watch(ctx, watcher)
+}
+
+// Tried reports whether the cache has tried to connect to the guest of cluster since it
+// started, with or without success. Before its first try "not connected" says nothing about
+// the guest (clusterscope.NotTriedYet): a manager that has just started has not tried yet.
+func (c *Cache) Tried(_ context.Context, cluster client.ObjectKey) bool {
+	g := c.guest(cluster)
+	return g != nil && !g.state().LastProbeTime.IsZero()
 }
 
 // GetHealthCheckingState returns the guest's health probe state.

@@ -708,3 +708,24 @@ func writeJSON(w http.ResponseWriter, code int, body any) {
 	w.WriteHeader(code)
 	_, _ = w.Write(data)
 }
+
+// Before its first try the cache has not tried (a manager that just started knows nothing of
+// the guest: clusterscope.NotTriedYet); the first failed try is an event, so that the objects
+// that waited for it report the guest unreachable; the next failures are not.
+func TestTheFirstFailedTryIsAnEvent(t *testing.T) {
+	g := NewWithT(t)
+	h := newHarness(t, nil)
+	source := h.startClusterSource("objects")
+	g.Expect(h.host.Delete(h.ctx, h.secret())).To(Succeed())
+	h.cache.SetConnectionCreationRetryInterval(time.Millisecond)
+	g.Expect(h.cache.Tried(h.ctx, h.key)).To(BeFalse())
+
+	h.reconcile()
+	g.Expect(h.cache.Tried(h.ctx, h.key)).To(BeTrue())
+	g.Eventually(source.count).Should(Equal(1), "the first failure is an event")
+
+	time.Sleep(5 * time.Millisecond) // past the retry interval
+	h.reconcile()
+	g.Expect(h.logs.errors("Connect failed")).To(HaveLen(2))
+	g.Consistently(source.count, 200*time.Millisecond).Should(Equal(1), "the second is not")
+}

@@ -90,10 +90,13 @@ func eventType(c metav1.Condition) string {
 }
 
 // Conditions records an event on obj for each condition that changed since
-// before, so `kubectl describe` and `kubectl get events` tell the story of the object, and
+// before, so `kubectl describe` and `kubectl get events` tell the story of the object, logs
+// it at the default level (the log tells the same story as the events, which expire), and
 // counts the changes the metrics count (conflicts and policy refusals, once per change).
-func Conditions(recorder events.EventRecorder, obj status.Object, before []metav1.Condition) {
+func Conditions(ctx context.Context, recorder events.EventRecorder, obj status.Object, before []metav1.Condition) {
+	log := ctrl.LoggerFrom(ctx).WithCallDepth(1)
 	for _, e := range ConditionChanges(before, obj.GetConditions()) {
+		log.Info(e.Note, "reason", e.Reason, "action", e.Action)
 		recorder.Eventf(obj, nil, e.Type, e.Reason, e.Action, "%s", e.Note)
 	}
 	for _, c := range changedConditions(before, obj.GetConditions()) {

@@ -1,6 +1,8 @@
 package record
 
 import (
+	"context"
+
 	"strings"
 	"testing"
 
@@ -100,7 +102,7 @@ func TestConditions(t *testing.T) {
 	obj := newGuestIngress()
 	clusterscope.SetClusterAvailableCondition(obj, nil, nil)
 
-	Conditions(recorder, obj, nil)
+	Conditions(context.Background(), recorder, obj, nil)
 
 	g.Expect(recorder.Events).To(Receive(And(
 		ContainSubstring(corev1.EventTypeWarning),
