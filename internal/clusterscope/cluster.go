@@ -71,7 +71,7 @@ func GuestClient(ctx context.Context, cc clustercache.ClusterCache, cluster *clu
 	key := client.ObjectKeyFromObject(cluster)
 	guestClient, err := cc.GetClient(ctx, key)
 	if err != nil {
-		if t, ok := cc.(connectTracker); ok && errors.Is(err, clustercache.ErrClusterNotConnected) && !t.Tried(ctx, key) {
+		if t, ok := cc.(ConnectTracker); ok && errors.Is(err, clustercache.ErrClusterNotConnected) && !t.Tried(ctx, key) {
 			return nil, fmt.Errorf("%w: %w", err, errNotTriedYet)
 		}
 		return nil, err
@@ -123,9 +123,9 @@ func GuestGone(ctx context.Context, reader client.Reader, namespace, clusterName
 // guest since the manager started (it wraps clustercache.ErrClusterNotConnected).
 var errNotTriedYet = errors.New("guestnet has not tried to connect to it since it started")
 
-// connectTracker is a ClusterCache that says whether it has tried to connect to a guest
+// ConnectTracker is a ClusterCache that says whether it has tried to connect to a guest
 // since it started (internal/guestcache).
-type connectTracker interface {
+type ConnectTracker interface {
 	Tried(ctx context.Context, cluster client.ObjectKey) bool
 }
 

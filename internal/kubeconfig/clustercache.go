@@ -79,3 +79,14 @@ func (c *explainingClusterCache) Shutdown() {
 		s.Shutdown()
 	}
 }
+
+// Tried is the wrapped ClusterCache's answer (clusterscope.NotTriedYet): whether it has tried
+// to connect to the guest of cluster since it started. One that does not say has tried.
+func (c *explainingClusterCache) Tried(ctx context.Context, cluster client.ObjectKey) bool {
+	if t, ok := c.ClusterCache.(interface {
+		Tried(context.Context, client.ObjectKey) bool
+	}); ok {
+		return t.Tried(ctx, cluster)
+	}
+	return true
+}
