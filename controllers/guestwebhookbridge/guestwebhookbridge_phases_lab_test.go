@@ -259,10 +259,15 @@ func TestGuestWebhookBridgePhases_ARestartedControllerContinues(t *testing.T) {
 
 	before := e.getWebhookConfig(wh.Config.Name)
 	npBefore := e.getGuestService(e.webhookNS, "cert-manager-webhook-guestnet-nodeport")
+	bridgeBefore := e.getBridge(gwb)
 	stop = e.runManager()
 	defer func() { _ = stop() }()
 	g.Consistently(func() string { return e.getWebhookConfig(wh.Config.Name).ResourceVersion }).
 		WithTimeout(3*time.Second).Should(Equal(before.ResourceVersion), "nothing to write after a restart")
+	// Nor to the bridge's status: before its first try to connect, the restarted manager
+	// does not report the guest unreachable (clusterscope.NotTriedYet).
+	bridgeAfter := e.getBridge(gwb)
+	g.Expect(bridgeAfter.ResourceVersion).To(Equal(bridgeBefore.ResourceVersion), "the bridge was written: %v", bridgeAfter.Status.Conditions)
 	npAfter := e.getGuestService(e.webhookNS, "cert-manager-webhook-guestnet-nodeport")
 	g.Expect(npAfter.ResourceVersion).To(Equal(npBefore.ResourceVersion))
 	g.Expect(npAfter.Spec.Ports[0].NodePort).To(Equal(e.nodePort(0)))

@@ -218,16 +218,24 @@ func (b *Bounds) countCached(cached Cached) error {
 	return nil
 }
 
-// count counts each of kinds live, up to the cap plus one.
+// count counts each of kinds live, up to the cap plus one, all at once (one round trip to a
+// guest apiserver, not one per kind); the first kind in the order of kinds that failed or is
+// over the cap decides.
 func (b *Bounds) count(ctx context.Context, guest client.Reader, kinds []schema.GroupVersionKind) error {
 	limit := b.max()
-	for _, gvk := range kinds {
-		n, err := countKind(ctx, guest, gvk, limit)
-		if err != nil {
-			return err
+	counts := make([]int, len(kinds))
+	errs := make([]error, len(kinds))
+	var wg sync.WaitGroup
+	for i, gvk := range kinds {
+		wg.Go(func() { counts[i], errs[i] = countKind(ctx, guest, gvk, limit) })
+	}
+	wg.Wait()
+	for i, gvk := range kinds {
+		if errs[i] != nil {
+			return errs[i]
 		}
-		if n > limit {
-			return &TooLargeError{Kind: gvk.Kind, Count: n, Max: limit}
+		if counts[i] > limit {
+			return &TooLargeError{Kind: gvk.Kind, Count: counts[i], Max: limit}
 		}
 	}
 	return nil

@@ -20,6 +20,8 @@ import (
 
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	kcfg "sigs.k8s.io/cluster-api/util/kubeconfig"
+
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 )
 
 // guest is one Cluster's guest: its connection while there is one, and its health probe
@@ -189,6 +191,14 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 	uncached, err := client.New(cfg, client.Options{Scheme: c.scheme, Mapper: conn.mapper, HTTPClient: httpClient})
 	if err != nil {
 		return nil, fmt.Errorf("creating the guest's client: %w", err)
+	}
+	// The guest's capped kinds are counted now, all at once, while up to
+	// ClusterCacheConcurrency guests connect at a time: the first reconcile of each object of
+	// this guest then finds the count made (guestbounds.Check keeps it) instead of making it
+	// in one of its controller's few workers. Over the cap or not, the connection stands (the
+	// controllers report the count); a count that failed is made by the first Check.
+	if err := c.opts.Bounds.Check(ctx, cluster, withTimeout{Client: uncached, timeout: cfg.Timeout}, nil); err != nil && !errors.As(err, new(*guestbounds.TooLargeError)) {
+		ctrl.LoggerFrom(ctx).V(1).Info("Counting the guest's objects at connect failed; the first reconcile counts them", "error", err.Error())
 	}
 	listWatchConfig := rest.CopyConfig(cfg)
 	listWatchConfig.Timeout = listWatchTimeout

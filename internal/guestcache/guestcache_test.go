@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,6 +37,7 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/secret"
 
+	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/kubeconfig"
 	guestnetscheme "github.com/guestnet/cluster-api-addon-provider-guestnet/internal/scheme"
 )
@@ -636,6 +638,12 @@ func (s *fakeAPIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		writeJSON(w, http.StatusOK, list)
+	case r.Method == http.MethodGet && r.URL.Query().Get("limit") == "1" && countedKind(r.URL.Path):
+		// The other kinds guestbounds counts: none.
+		s.countLists.Add(1)
+		writeJSON(w, http.StatusOK, &metav1.PartialObjectMetadataList{
+			TypeMeta: metav1.TypeMeta{Kind: "PartialObjectMetadataList", APIVersion: "meta.k8s.io/v1"},
+		})
 	case r.Method == http.MethodGet && r.URL.Path == "/api/v1/services":
 		writeJSON(w, http.StatusOK, &corev1.ServiceList{
 			TypeMeta: metav1.TypeMeta{Kind: "ServiceList", APIVersion: "v1"},
@@ -728,4 +736,40 @@ func TestTheFirstFailedTryIsAnEvent(t *testing.T) {
 	h.reconcile()
 	g.Expect(h.logs.errors("Connect failed")).To(HaveLen(2))
 	g.Consistently(source.count, 200*time.Millisecond).Should(Equal(1), "the second is not")
+}
+
+// countedKind reports whether path lists one of the kinds guestbounds counts.
+func countedKind(path string) bool {
+	for _, gvk := range guestbounds.Kinds {
+		if strings.HasPrefix(path, "/apis/"+gvk.Group+"/") && strings.HasSuffix(path, "/"+strings.ToLower(gvk.Kind)+"s") {
+			return true
+		}
+	}
+	return false
+}
+
+// noRequests is a reader that fails the test when it is asked anything.
+type noRequests struct {
+	client.Reader
+	t *testing.T
+}
+
+func (r noRequests) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	r.t.Error("a live count after the connect counted")
+	return nil
+}
+
+// The connect counts the guest's capped kinds, all at once: the first reconcile of each object
+// of the guest finds the count made, and the first informer of a capped kind starts without
+// counting again.
+func TestConnectCountsTheGuest(t *testing.T) {
+	g := NewWithT(t)
+	h := newHarness(t, nil)
+	h.cache.opts.Bounds = &guestbounds.Bounds{}
+	h.reconcile()
+	g.Expect(h.connected()).To(BeTrue())
+	g.Expect(h.api.countLists.Load()).To(BeEquivalentTo(len(guestbounds.Kinds)))
+
+	g.Expect(h.cache.opts.Bounds.Check(h.ctx, h.key, noRequests{t: t}, nil)).To(Succeed())
+	g.Expect(h.cache.opts.Bounds.CheckKind(h.ctx, h.key, noRequests{t: t}, corev1.SchemeGroupVersion.WithKind("Service"))).To(Succeed())
 }
