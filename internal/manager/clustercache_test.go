@@ -22,7 +22,7 @@ func TestTheWiredClusterCacheSaysWhetherItTried(t *testing.T) {
 	// Never started: nothing is dialed (and 127.0.0.1:1 would refuse).
 	o := Options{ClusterCacheConcurrency: 1, ClusterCacheClientQPS: 20, ClusterCacheClientBurst: 30}
 	mgr, err := ctrl.NewManager(&rest.Config{Host: "https://127.0.0.1:1"}, ctrl.Options{
-		Scheme: scheme.New(),
+		Scheme:  scheme.New(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 	})
 	g.Expect(err).NotTo(HaveOccurred())
