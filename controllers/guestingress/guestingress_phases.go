@@ -91,7 +91,7 @@ func (r *Reconciler) observe(ctx context.Context, s *scope) error {
 	gi := s.guestIngress
 	if s.cluster != nil && s.cluster.DeletionTimestamp.IsZero() {
 		s.guestClient, s.guestErr = clusterscope.GuestClient(ctx, r.ClusterCache, s.cluster)
-		if clusterscope.NotTriedYet(s.guestErr) && conditions.Has(gi, guestnetv1.ClusterAvailableCondition) {
+		if clusterscope.KeepsReport(gi, s.guestErr) {
 			s.notTriedYet = true // what the last reconcile reported stands until then
 			return nil
 		}

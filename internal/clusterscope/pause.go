@@ -59,10 +59,17 @@ func pauseReasons(obj metav1.Object, cluster *clusterv1.Cluster) []string {
 	return reasons
 }
 
+// KeepsReport reports whether obj keeps what it reported of its guest: the ClusterCache has
+// not tried to connect yet (NotTriedYet) and obj has reported ClusterAvailable before. A new
+// object reports the guest not connected.
+func KeepsReport(obj Object, guestErr error) bool {
+	return NotTriedYet(guestErr) && conditions.Has(obj, guestnetv1.ClusterAvailableCondition)
+}
+
 // SetClusterAvailableCondition sets ClusterAvailable on obj from its Cluster (nil when it
 // does not exist) and the error, if any, of getting a client for the guest apiserver.
 func SetClusterAvailableCondition(obj Object, cluster *clusterv1.Cluster, guestErr error) {
-	if NotTriedYet(guestErr) && conditions.Has(obj, guestnetv1.ClusterAvailableCondition) {
+	if KeepsReport(obj, guestErr) {
 		return // what the last try found stands until this manager's first
 	}
 	clusterName := ClusterNameOf(obj)

@@ -197,7 +197,8 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 	// this guest then finds the count made (guestbounds.Check keeps it) instead of making it
 	// in one of its controller's few workers. Over the cap or not, the connection stands (the
 	// controllers report the count); a count that failed is made by the first Check.
-	if err := c.opts.Bounds.Check(ctx, cluster, withTimeout{Client: uncached, timeout: cfg.Timeout}, nil); err != nil && !errors.As(err, new(*guestbounds.TooLargeError)) {
+	conn.uncached = withTimeout{Client: uncached, timeout: cfg.Timeout}
+	if err := c.opts.Bounds.Check(ctx, cluster, conn.uncached, nil); err != nil && !errors.As(err, new(*guestbounds.TooLargeError)) {
 		ctrl.LoggerFrom(ctx).V(1).Info("Counting the guest's objects at connect failed; the first reconcile counts them", "error", err.Error())
 	}
 	listWatchConfig := rest.CopyConfig(cfg)
@@ -207,7 +208,7 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 		return nil, fmt.Errorf("creating the guest's cache: %w", err)
 	}
 	cache := &boundedCache{Cache: informers, scheme: c.scheme, bounds: c.opts.Bounds, cluster: cluster,
-		live: withTimeout{Client: uncached, timeout: cfg.Timeout}}
+		live: conn.uncached}
 	cached, err := client.New(cfg, client.Options{
 		Scheme: c.scheme, Mapper: conn.mapper, HTTPClient: httpClient,
 		Cache: &client.CacheOptions{Reader: cache, DisableFor: c.opts.DisableFor, Unstructured: true},
@@ -230,7 +231,6 @@ func (c *Cache) newConnection(ctx context.Context, cluster client.ObjectKey) (*c
 		withTimeout: withTimeout{Client: singleObjects{Client: cached, cache: cache, objects: c.opts.SingleObjects}, timeout: cfg.Timeout},
 		cache:       cache,
 	}
-	conn.uncached = withTimeout{Client: uncached, timeout: cfg.Timeout}
 	return conn, nil
 }
 

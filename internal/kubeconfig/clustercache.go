@@ -81,7 +81,8 @@ func (c *explainingClusterCache) Shutdown() {
 }
 
 // Tried is the wrapped ClusterCache's answer (clusterscope.NotTriedYet): whether it has tried
-// to connect to the guest of cluster since it started. One that does not say has tried.
+// to connect to the guest of cluster since it started. One that does not say has tried. (The
+// interface is clusterscope.ConnectTracker, which this package cannot import.)
 func (c *explainingClusterCache) Tried(ctx context.Context, cluster client.ObjectKey) bool {
 	if t, ok := c.ClusterCache.(interface {
 		Tried(context.Context, client.ObjectKey) bool
