@@ -130,20 +130,37 @@ func ReadProcessUsage(pid int) (ProcessUsage, error) {
 			u.PeakRSSMiB = kb / 1024
 		}
 	}
+	st, err := readStat(pid)
+	u.CPUSeconds = st.cpuSeconds
+	return u, err
+}
+
+// procStat is what /proc/<pid>/stat says of a process: its command, parent and CPU seconds.
+type procStat struct {
+	command    string
+	parent     int
+	cpuSeconds float64
+}
+
+func readStat(pid int) (procStat, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return u, err
+		return procStat{}, err
 	}
-	// Fields after the command (which may hold spaces): utime and stime are the 12th and
-	// 13th, in clock ticks (USER_HZ, 100 on Linux).
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	// The command is in parentheses and may hold spaces. After it: the parent is the 2nd
+	// field, utime and stime the 12th and 13th, in clock ticks (USER_HZ, 100 on Linux).
+	open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+	if open < 0 || end < open {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	f := strings.Fields(string(stat[end+1:]))
 	if len(f) < 13 {
-		return u, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+		return procStat{}, fmt.Errorf("/proc/%d/stat: too few fields", pid)
 	}
+	parent, _ := strconv.Atoi(f[1])
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
-	u.CPUSeconds = (utime + stime) / 100
-	return u, nil
+	return procStat{command: string(stat[open+1 : end]), parent: parent, cpuSeconds: (utime + stime) / 100}, nil
 }
 
 // CPUByCommand is the CPU seconds used so far by this process and every process it started
@@ -163,22 +180,11 @@ func CPUByCommand(pids map[int]string) (map[string]float64, error) {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		st, err := readStat(pid)
 		if err != nil {
 			continue // ended meanwhile
 		}
-		open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		f := strings.Fields(string(stat[end+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		parent[pid], _ = strconv.Atoi(f[1])
-		utime, _ := strconv.ParseFloat(f[11], 64)
-		stime, _ := strconv.ParseFloat(f[12], 64)
-		name[pid], cpu[pid] = string(stat[open+1:end]), (utime+stime)/100
+		parent[pid], name[pid], cpu[pid] = st.parent, st.command, st.cpuSeconds
 	}
 	self := os.Getpid()
 	descends := func(pid int) bool {
