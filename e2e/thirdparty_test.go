@@ -390,7 +390,8 @@ func TestThirdPartyLab_HandMadeBridgeReachesCertManagerWebhook(t *testing.T) {
 	start = time.Now()
 	oldBundle, newBundle, err := cm.RotateCA(ctx, guest)
 	g.Expect(err).NotTo(HaveOccurred())
-	t.Logf("CA rotated, new caBundle injected and served in %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("CA rotated, new caBundle injected and served in %s (webhook restarts for cert-manager's stale serving certificate so far: %d)",
+		time.Since(start).Round(time.Millisecond), cm.StaleLeafRestarts())
 	g.Expect(oldBundle).To(Equal(caBundle))
 	g.Expect(newBundle).NotTo(Equal(oldBundle))
 	g.Expect(lab.VerifyTLS(ctx, clusterIPAddr, hostName, newBundle)).To(Succeed(), "the chain, with the new caBundle")

@@ -169,6 +169,7 @@ func TestWebhookBridge_CertManagerAndMetricsServerWorkThroughTheBridge(t *testin
 		g := NewWithT(t)
 		oldBundle, newBundle, err := cm.RotateCA(ctx, guest)
 		g.Expect(err).NotTo(HaveOccurred())
+		t.Logf("webhook restarts for cert-manager's stale serving certificate so far: %d", cm.StaleLeafRestarts())
 		g.Expect(newBundle).NotTo(Equal(oldBundle))
 		live := getValidating(ctx, g, guest)
 		g.Expect(live.Webhooks[0].ClientConfig.CABundle).To(Equal(newBundle))

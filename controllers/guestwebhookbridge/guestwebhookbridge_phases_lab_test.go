@@ -47,7 +47,9 @@ import (
 const (
 	waitTimeout = 30 * time.Second
 	poll        = 100 * time.Millisecond
-	rangeSize   = 4
+	// settleWindow is how long a status must stay unwritten to count as settled.
+	settleWindow = 3 * time.Second
+	rangeSize    = 4
 )
 
 // The chart-installed webhook (service mode, cert-manager's webhook name, timeoutSeconds 5
@@ -254,6 +256,9 @@ func TestGuestWebhookBridgePhases_ARestartedControllerContinues(t *testing.T) {
 	stop := e.runManager()
 	gwb := e.createBridge("bridge", gc.Name)
 	e.eventuallyCondition(gwb, guestnetv1.TargetsBridgedCondition, metav1.ConditionTrue, guestnetv1.TargetsBridgedReason)
+	// The first manager has written all it had to (the probe of the target included), so
+	// that whatever the restarted one writes is a change it made up.
+	e.eventuallySettled(gwb)
 	g := e.g
 	g.Expect(stop()).To(Succeed())
 
@@ -581,6 +586,25 @@ func (e *bridgeEnv) eventuallyStatus(gwb *guestnetv1.GuestWebhookBridge, check f
 		check(g, got)
 	}).WithTimeout(waitTimeout).WithPolling(poll).Should(Succeed())
 	return got
+}
+
+// eventuallySettled waits until the bridge's status reports every condition for its current
+// generation, the probe's included, and then stays unwritten for settleWindow.
+func (e *bridgeEnv) eventuallySettled(gwb *guestnetv1.GuestWebhookBridge) {
+	e.t.Helper()
+	got := e.eventuallyStatus(gwb, func(g Gomega, got *guestnetv1.GuestWebhookBridge) {
+		for _, t := range []string{guestnetv1.TargetsBridgedCondition, guestnetv1.TargetsReachableCondition, guestnetv1.PortsDeclaredCondition} {
+			c := conditions.Get(got, t)
+			g.Expect(c).NotTo(BeNil(), "condition %s", t)
+			g.Expect(c.ObservedGeneration).To(Equal(got.Generation), "condition %s", t)
+		}
+	})
+	rv := got.ResourceVersion
+	e.g.Eventually(func(g Gomega) {
+		defer func() { rv = e.getBridge(gwb).ResourceVersion }()
+		g.Consistently(func() string { return e.getBridge(gwb).ResourceVersion }).
+			WithTimeout(settleWindow).WithPolling(poll).Should(Equal(rv))
+	}).WithTimeout(waitTimeout).Should(Succeed(), "the bridge's status keeps changing")
 }
 
 func (e *bridgeEnv) eventuallyGone(gwb *guestnetv1.GuestWebhookBridge) {

@@ -56,6 +56,10 @@ type Result struct {
 	SteadyWrites   int            `json:"steadyWrites"`
 	SteadyReads    int            `json:"steadyReads"`
 	SteadyRequests map[string]int `json:"steadyRequests"`
+	// SteadyStatusWritten counts the GuestIngresses and bridges written over that period;
+	// SteadyStatusChanges says what changed in the status of the first few (statusChanges).
+	SteadyStatusWritten int      `json:"steadyStatusWritten"`
+	SteadyStatusChanges []string `json:"steadyStatusChanges,omitempty"`
 	// The manager process at the end: resident memory (and its peak) in MiB, CPU seconds.
 	// ConnectFailures counts the ClusterCache's "Connect failed" log lines: each is a guest
 	// cluster tried before it could be reached (its kubeconfig Secret not there yet), which
@@ -311,8 +315,10 @@ func runFleet(t *testing.T, bin, out string, n int, fleet fleetShape) Result {
 	r.CreationRequests = byVerbAndResource(creation)
 
 	// Steady state: one resync period and a bit (its jitter), then until quiet.
+	statusesBefore := snapshotStatuses(ctx, t, l.Host.Client)
 	time.Sleep(resync + resync/5)
 	steady := append(next(), settle(next)...)
+	r.SteadyStatusWritten, r.SteadyStatusChanges = statusChanges(statusesBefore, snapshotStatuses(ctx, t, l.Host.Client))
 	for _, q := range steady {
 		if q.Write() {
 			r.SteadyWrites++
@@ -551,6 +557,16 @@ func markdown(results []Result, bridgeEvery int) string {
 	for _, r := range results {
 		fmt.Fprintf(&b, "\nN=%d, creation:\n\n```\n%s```\n\nN=%d, steady state over a resync:\n\n```\n%s```\n",
 			r.N, lab.FormatCounts(r.CreationRequests), r.N, lab.FormatCounts(r.SteadyRequests))
+	}
+	for _, r := range results {
+		if r.SteadyStatusWritten == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\nN=%d: %d GuestIngresses and bridges were written at steady state; what changed in the status of the first %d:\n\n",
+			r.N, r.SteadyStatusWritten, len(r.SteadyStatusChanges))
+		for _, c := range r.SteadyStatusChanges {
+			fmt.Fprintf(&b, "- %s\n", c)
+		}
 	}
 	for _, r := range results {
 		b.WriteString(restartMarkdown(r))

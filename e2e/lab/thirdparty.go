@@ -109,6 +109,26 @@ type CertManager struct {
 	webhook  *process
 	dnsNames []string // the running webhook's --dynamic-serving-dns-names
 	starts   int
+	// staleLeafRestarts counts the restarts RotateCA made because the webhook kept serving
+	// a certificate signed by the old CA.
+	staleLeafRestarts int
+}
+
+const (
+	// certManagerReadyTimeout bounds the wait for the webhook to serve with the injected CA.
+	certManagerReadyTimeout = 2 * time.Minute
+	// staleLeafGrace is how long RotateCA lets the webhook serve a certificate that the new
+	// CA does not verify before it takes it for cert-manager's rotation race (see RotateCA).
+	// A rotation takes a second or two in the lab.
+	staleLeafGrace = 30 * time.Second
+)
+
+// StaleLeafRestarts is how often RotateCA restarted the webhook because it kept serving a
+// certificate signed by the old CA (cert-manager's rotation race, see RotateCA).
+func (cm *CertManager) StaleLeafRestarts() int {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	return cm.staleLeafRestarts
 }
 
 // InstallCertManager installs cert-manager in the guest as its chart does (CRDs, namespace,
@@ -210,7 +230,7 @@ func (l *Lab) InstallCertManager(ctx context.Context, w *Worker) (*CertManager, 
 	if err := cm.netns.publish(w, CertManagerWebhookPort); err != nil {
 		return nil, err
 	}
-	if err := cm.waitServing(ctx, c, nil); err != nil {
+	if err := cm.waitServing(ctx, c, nil, certManagerReadyTimeout); err != nil {
 		return nil, err
 	}
 	return cm, nil
@@ -257,12 +277,12 @@ func (cm *CertManager) WebhookDNSNames() []string {
 	return slices.Clone(cm.dnsNames)
 }
 
-// waitServing waits (up to 2 minutes) until cainjector has injected a caBundle into both
+// waitServing waits (up to within) until cainjector has injected a caBundle into both
 // webhook configurations, different from notBundle when that is set and equal to the CA
 // Secret's ca.crt, and the webhook serves, on its VM address, a certificate that verifies
 // against it for every name in cm.dnsNames. Call with cm.mu held, or before cm is shared.
-func (cm *CertManager) waitServing(ctx context.Context, c client.Client, notBundle []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+func (cm *CertManager) waitServing(ctx context.Context, c client.Client, notBundle []byte, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	addr := net.JoinHostPort(cm.Worker.VMAddress, strconv.Itoa(int(CertManagerWebhookPort)))
 	err := cm.webhook.waitReady(ctx, func(ctx context.Context) error {
@@ -316,7 +336,7 @@ func (cm *CertManager) SetWebhookDNSNames(ctx context.Context, l *Lab, extra ...
 	if err := cm.startWebhook(names); err != nil {
 		return err
 	}
-	return cm.waitServing(ctx, l.Guest.Client, nil)
+	return cm.waitServing(ctx, l.Guest.Client, nil, certManagerReadyTimeout)
 }
 
 // RotateCA makes the webhook rotate its CA the way an operator does: it deletes the CA Secret
@@ -324,8 +344,10 @@ func (cm *CertManager) SetWebhookDNSNames(ctx context.Context, l *Lab, extra ...
 // and serves a certificate signed by it; the real cainjector injects the new CA into both
 // webhook configurations. RotateCA waits (up to 2 minutes) until both carry the new caBundle,
 // different from the old one and equal to the new Secret's ca.crt, and the webhook serves a
-// certificate that verifies against it for every name it serves. It returns the old and the
-// new caBundle. Later callers of InjectedCABundle see the new one.
+// certificate that verifies against it for every name it serves; a webhook that still serves
+// one signed by the old CA after staleLeafGrace is restarted once (cert-manager's rotation
+// race, below). It returns the old and the new caBundle. Later callers of InjectedCABundle
+// see the new one.
 func (cm *CertManager) RotateCA(ctx context.Context, c client.Client) (oldBundle, newBundle []byte, err error) {
 	cm.mu.Lock()
 	defer cm.mu.Unlock()
@@ -339,7 +361,22 @@ func (cm *CertManager) RotateCA(ctx context.Context, c client.Client) (oldBundle
 	if err := c.Delete(ctx, secret, client.Preconditions{UID: &secret.UID}); err != nil {
 		return nil, nil, fmt.Errorf("deleting the webhook's CA Secret: %w", err)
 	}
-	if err := cm.waitServing(ctx, c, oldBundle); err != nil {
+	err = cm.waitServing(ctx, c, oldBundle, staleLeafGrace)
+	if staleLeaf := new(x509.UnknownAuthorityError); errors.As(err, staleLeaf) {
+		// cert-manager before v1.16.0 tells its serving certificate source that the CA
+		// rotated before it switches to the new CA, so the new serving certificate can be
+		// signed by the old one and served until it expires (fixed upstream by commit
+		// 45a52cc, "add unit tests for tls authority logic and improve logs"). The new CA
+		// is injected by then, so the webhook refuses every call; an operator restarts it,
+		// and so does the lab. StaleLeafRestarts says how often.
+		cm.webhook.stop()
+		if err := cm.startWebhook(cm.dnsNames); err != nil {
+			return nil, nil, err
+		}
+		cm.staleLeafRestarts++
+		err = cm.waitServing(ctx, c, oldBundle, certManagerReadyTimeout)
+	}
+	if err != nil {
 		return nil, nil, fmt.Errorf("after deleting the CA Secret: %w", err)
 	}
 	if newBundle, err = cm.InjectedCABundle(ctx, c); err != nil {
