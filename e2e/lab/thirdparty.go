@@ -342,7 +342,7 @@ func (cm *CertManager) SetWebhookDNSNames(ctx context.Context, l *Lab, extra ...
 // RotateCA makes the webhook rotate its CA the way an operator does: it deletes the CA Secret
 // (CertManagerWebhookCASecret). The real webhook notices, creates a new CA in a new Secret
 // and serves a certificate signed by it; the real cainjector injects the new CA into both
-// webhook configurations. RotateCA waits (up to 2 minutes) until both carry the new caBundle,
+// webhook configurations. RotateCA waits (up to 30 s, then 2 minutes after a restart) until both carry the new caBundle,
 // different from the old one and equal to the new Secret's ca.crt, and the webhook serves a
 // certificate that verifies against it for every name it serves; a webhook that still serves
 // one signed by the old CA after staleLeafGrace is restarted once (cert-manager's rotation
