@@ -466,31 +466,14 @@ func restartMarkdown(r Result) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nN=%d, the restart (until every member was exposed): requests, and the apiservers' time to answer them (ms):\n\n| request | count | per member | mean (ms) | p99 (ms) |\n|---|---|---|---|---|\n", r.N)
-	keys := make([]string, 0, len(r.RestartRequests))
-	for k := range r.RestartRequests {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(r.RestartRequests) {
 		l := r.RestartLatency[k]
 		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f |\n", k, r.RestartRequests[k], float64(r.RestartRequests[k])/float64(r.N), l.Mean, l.P99)
 	}
 	if f := r.Floor; f != nil && (len(f.FloorCPU) > 0 || len(f.GuestnetCPU) > 0) {
 		fmt.Fprintf(&b, "\nN=%d, CPU seconds the lab's processes used, by command, during the floor (%.0f s) and during guestnet's restart (%.0f s):\n\n| command | floor | guestnet |\n|---|---|---|\n", r.N, f.FloorAll, f.GuestnetAll)
-		names := map[string]bool{}
-		for n := range f.FloorCPU {
-			names[n] = true
-		}
-		for n := range f.GuestnetCPU {
-			names[n] = true
-		}
-		sorted := make([]string, 0, len(names))
-		for n := range names {
-			sorted = append(sorted, n)
-		}
-		sort.Strings(sorted)
 		floorSum, guestnetSum := 0.0, 0.0
-		for _, n := range sorted {
+		for _, n := range sortedKeys(f.FloorCPU, f.GuestnetCPU) {
 			fmt.Fprintf(&b, "| %s | %.1f | %.1f |\n", n, f.FloorCPU[n], f.GuestnetCPU[n])
 			floorSum, guestnetSum = floorSum+f.FloorCPU[n], guestnetSum+f.GuestnetCPU[n]
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -63,12 +64,7 @@ const maxStatusChanges = 10
 // steady-state write was for. An object written twice shows the net change; one whose status
 // did not change was written elsewhere (metadata, spec).
 func statusChanges(before, after statusSnapshot) (written int, changes []string) {
-	keys := make([]string, 0, len(after))
-	for k := range after {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(after) {
 		old, ok := before[k]
 		now := after[k]
 		if !ok || old.resourceVersion == now.resourceVersion {
@@ -93,18 +89,8 @@ func statusChanges(before, after statusSnapshot) (written int, changes []string)
 func diffFields(path string, a, b any) []string {
 	if am, ok := a.(map[string]any); ok {
 		if bm, ok := b.(map[string]any); ok {
-			var keys []string
-			for k := range am {
-				keys = append(keys, k)
-			}
-			for k := range bm {
-				if _, ok := am[k]; !ok {
-					keys = append(keys, k)
-				}
-			}
-			slices.Sort(keys)
 			var out []string
-			for _, k := range keys {
+			for _, k := range sortedKeys(am, bm) {
 				if k == "lastTransitionTime" {
 					continue
 				}
@@ -143,6 +129,17 @@ func byType(list any) map[string]any {
 		}
 	}
 	return out
+}
+
+// sortedKeys are the keys of all of ms, each once, in order.
+func sortedKeys[V any](ms ...map[string]V) []string {
+	union := map[string]bool{}
+	for _, m := range ms {
+		for k := range m {
+			union[k] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(union))
 }
 
 // clip keeps a changed value short enough for a table, its end included (where dial errors
