@@ -418,7 +418,7 @@ type TimelineMinute struct {
 	Requests int `json:"requests"`
 	Writes   int `json:"writes"`
 	Events   int `json:"events"`
-	// MeanMs is the apiservers' mean time to answer them.
+	// MeanMs is the apiservers' mean time to answer those whose answer the log holds.
 	MeanMs float64 `json:"meanMs"`
 }
 
@@ -431,7 +431,8 @@ func timeline(reqs []lab.AuditRequest) []TimelineMinute {
 		}
 	}
 	var out []TimelineMinute
-	sums := []float64{}
+	var sums []float64
+	var timed []int
 	for _, q := range reqs {
 		if q.Verb == "watch" || q.Received.IsZero() {
 			continue
@@ -439,7 +440,7 @@ func timeline(reqs []lab.AuditRequest) []TimelineMinute {
 		m := int(q.Received.Sub(first) / time.Minute)
 		for len(out) <= m {
 			out = append(out, TimelineMinute{Minute: len(out)})
-			sums = append(sums, 0)
+			sums, timed = append(sums, 0), append(timed, 0)
 		}
 		out[m].Requests++
 		switch {
@@ -448,11 +449,14 @@ func timeline(reqs []lab.AuditRequest) []TimelineMinute {
 		case q.Write():
 			out[m].Writes++
 		}
-		sums[m] += float64(q.Answered.Sub(q.Received).Microseconds()) / 1000
+		if !q.Answered.IsZero() {
+			sums[m] += float64(q.Answered.Sub(q.Received).Microseconds()) / 1000
+			timed[m]++
+		}
 	}
 	for i := range out {
-		if out[i].Requests > 0 {
-			out[i].MeanMs = sums[i] / float64(out[i].Requests)
+		if timed[i] > 0 {
+			out[i].MeanMs = sums[i] / float64(timed[i])
 		}
 	}
 	return out
