@@ -68,8 +68,9 @@ func (m *memo) probe(uid types.UID, key, inputs string) (bridge.ProbeResult, tim
 	return a.result, left, true
 }
 
-// storeProbe keeps r as the answer for these inputs, and returns how long it is kept.
-func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResult) time.Duration {
+// storeProbe keeps r as the answer for these inputs, and returns the answer kept and how
+// long it is kept.
+func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResult) (bridge.ProbeResult, time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.probes[uid] == nil {
@@ -80,10 +81,13 @@ func (m *memo) storeProbe(uid types.UID, key, inputs string, r bridge.ProbeResul
 		a.unanswered = 1
 		if prev, ok := m.probes[uid][key]; ok && prev.inputs == inputs && !prev.result.Answered {
 			a.unanswered = prev.unanswered + 1
+			// Still no answer: keep the first failure's words. Refused, reset and timed out
+			// alternate while a server is down; each would be a status write saying the same.
+			a.result.Detail = prev.result.Detail
 		}
 	}
 	m.probes[uid][key] = a
-	return a.keptFor()
+	return a.result, a.keptFor()
 }
 
 // keepProbes forgets the answers of bridge uid for targets keep lacks.

@@ -665,11 +665,14 @@ func (r *Reconciler) probe(ctx context.Context, s *scope, plan *bridge.Plan) tim
 			continue
 		}
 		wg.Go(func() {
-			result := r.prober()(ctx, addr, tp.TLSServerName, tp.CABundle, insecure)
+			fresh := r.prober()(ctx, addr, tp.TLSServerName, tp.CABundle, insecure)
 			if ctx.Err() != nil {
 				return // cancelled: not an answer
 			}
-			kept := m.storeProbe(uid, tp.Key(), inputs, result)
+			result, kept := m.storeProbe(uid, tp.Key(), inputs, fresh)
+			if fresh.Detail != result.Detail {
+				ctrl.LoggerFrom(ctx).V(1).Info("Target still unanswered; its status keeps the first failure", "target", tp.Key(), "failure", fresh.Detail)
+			}
 			mu.Lock()
 			tp.SetProbe(result, s.bridge, addr)
 			next = min(next, kept)

@@ -115,7 +115,8 @@ func TestMemo(t *testing.T) {
 	// to recheckAfter; a server's answer, even a failing one, is kept recheckAfter.
 	refused := bridge.ProbeResult{Detail: "connection refused"}
 	for _, want := range []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second} {
-		g.Expect(m.storeProbe("uid", "target", "inputs-1", refused)).To(Equal(want))
+		_, kept := m.storeProbe("uid", "target", "inputs-1", refused)
+		g.Expect(kept).To(Equal(want))
 		_, left, ok := m.probe("uid", "target", "inputs-1")
 		g.Expect(ok).To(BeTrue())
 		g.Expect(left).To(Equal(want))
@@ -126,9 +127,30 @@ func TestMemo(t *testing.T) {
 	for range 10 {
 		m.storeProbe("uid", "target", "inputs-1", refused)
 	}
-	g.Expect(m.storeProbe("uid", "target", "inputs-1", refused)).To(Equal(recheckAfter))
-	g.Expect(m.storeProbe("uid", "target", "inputs-2", refused)).To(Equal(5*time.Second), "other inputs start over")
-	g.Expect(m.storeProbe("uid", "target", "inputs-2", bridge.ProbeResult{Answered: true, Detail: "certificate expired"})).To(Equal(recheckAfter))
+	_, kept := m.storeProbe("uid", "target", "inputs-1", refused)
+	g.Expect(kept).To(Equal(recheckAfter))
+	_, kept = m.storeProbe("uid", "target", "inputs-2", refused)
+	g.Expect(kept).To(Equal(5*time.Second), "other inputs start over")
+	_, kept = m.storeProbe("uid", "target", "inputs-2", bridge.ProbeResult{Answered: true, Detail: "certificate expired"})
+	g.Expect(kept).To(Equal(recheckAfter))
+
+	// While a target stays unanswered for the same inputs, the first failure's detail is kept:
+	// a datapath that refuses, then resets, then times out would otherwise rewrite the status
+	// at every probe, with nothing for the user to act on that the first message did not say.
+	m.storeProbe("uid", "flaky", "inputs-1", refused)
+	for _, detail := range []string{"EOF", "no answer within 5s"} {
+		stored, _ := m.storeProbe("uid", "flaky", "inputs-1", bridge.ProbeResult{Detail: detail})
+		g.Expect(stored.Detail).To(Equal("connection refused"))
+		r, _, ok := m.probe("uid", "flaky", "inputs-1")
+		g.Expect(ok).To(BeTrue())
+		g.Expect(r.Detail).To(Equal("connection refused"))
+	}
+	stored, _ := m.storeProbe("uid", "flaky", "inputs-2", bridge.ProbeResult{Detail: "EOF"})
+	g.Expect(stored.Detail).To(Equal("EOF"), "other inputs: a new failure")
+	stored, _ = m.storeProbe("uid", "flaky", "inputs-2", bridge.ProbeResult{Answered: true, Detail: "certificate expired"})
+	g.Expect(stored.Detail).To(Equal("certificate expired"), "an answer is never replaced")
+	stored, _ = m.storeProbe("uid", "flaky", "inputs-2", bridge.ProbeResult{Detail: "connection refused"})
+	g.Expect(stored.Detail).To(Equal("connection refused"), "unanswered after an answer: a new failure")
 
 	reads := 0
 	read := func() (any, error) { reads++; return reads, nil }
