@@ -393,11 +393,12 @@ type LatencyMs struct {
 func latencies(reqs []lab.AuditRequest) map[string]LatencyMs {
 	byKind := map[string][]float64{}
 	for _, q := range reqs {
-		if q.Verb == "watch" || q.Received.IsZero() || q.Answered.IsZero() {
+		ms, ok := answerMs(q)
+		if q.Verb == "watch" || !ok {
 			continue
 		}
 		key := q.Verb + " " + q.Resource()
-		byKind[key] = append(byKind[key], float64(q.Answered.Sub(q.Received).Microseconds())/1000)
+		byKind[key] = append(byKind[key], ms)
 	}
 	out := map[string]LatencyMs{}
 	for key, ms := range byKind {
@@ -409,6 +410,15 @@ func latencies(reqs []lab.AuditRequest) map[string]LatencyMs {
 		out[key] = LatencyMs{Count: len(ms), Mean: sum / float64(len(ms)), P99: quantile(ms, 0.99)}
 	}
 	return out
+}
+
+// answerMs is how long the apiserver took to answer q, in ms; false when the log holds no
+// answer for it.
+func answerMs(q lab.AuditRequest) (float64, bool) {
+	if q.Received.IsZero() || q.Answered.IsZero() {
+		return 0, false
+	}
+	return float64(q.Answered.Sub(q.Received).Microseconds()) / 1000, true
 }
 
 // TimelineMinute is one minute of the restarted manager's requests, counted from its first.
@@ -449,8 +459,8 @@ func timeline(reqs []lab.AuditRequest) []TimelineMinute {
 		case q.Write():
 			out[m].Writes++
 		}
-		if !q.Answered.IsZero() {
-			sums[m] += float64(q.Answered.Sub(q.Received).Microseconds()) / 1000
+		if ms, ok := answerMs(q); ok {
+			sums[m] += ms
 			timed[m]++
 		}
 	}
