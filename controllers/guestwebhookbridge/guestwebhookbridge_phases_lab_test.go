@@ -272,7 +272,7 @@ func TestGuestWebhookBridgePhases_ARestartedControllerContinues(t *testing.T) {
 	// Nor to the bridge's status: before its first try to connect, the restarted manager
 	// does not report the guest unreachable (clusterscope.NotTriedYet).
 	bridgeAfter := e.getBridge(gwb)
-	g.Expect(bridgeAfter.ResourceVersion).To(Equal(bridgeBefore.ResourceVersion), "the bridge was written: %v", bridgeAfter.Status.Conditions)
+	g.Expect(bridgeAfter.ResourceVersion).To(Equal(bridgeBefore.ResourceVersion), "the bridge was written: %v\nbefore: %v", bridgeAfter.Status.Conditions, bridgeBefore.Status.Conditions)
 	npAfter := e.getGuestService(e.webhookNS, "cert-manager-webhook-guestnet-nodeport")
 	g.Expect(npAfter.ResourceVersion).To(Equal(npBefore.ResourceVersion))
 	g.Expect(npAfter.Spec.Ports[0].NodePort).To(Equal(e.nodePort(0)))

@@ -69,9 +69,13 @@ func GuestClient(ctx context.Context, cc clustercache.ClusterCache, cluster *clu
 		return nil, nil
 	}
 	key := client.ObjectKeyFromObject(cluster)
+	// Asked before GetClient: a first try that ends in between would otherwise turn a "not
+	// connected" from before it into "unreachable", whatever the try found.
+	tracker, tracks := cc.(ConnectTracker)
+	notTried := tracks && !tracker.Tried(ctx, key)
 	guestClient, err := cc.GetClient(ctx, key)
 	if err != nil {
-		if t, ok := cc.(ConnectTracker); ok && errors.Is(err, clustercache.ErrClusterNotConnected) && !t.Tried(ctx, key) {
+		if notTried && errors.Is(err, clustercache.ErrClusterNotConnected) {
 			return nil, fmt.Errorf("%w: %w", err, errNotTriedYet)
 		}
 		return nil, err

@@ -109,3 +109,34 @@ func TestConnectBeforeTheFirstTryKeepsWhatWasReported(t *testing.T) {
 		})
 	}
 }
+
+// connectingTracker is a ClusterCache whose first try to connect ends, and fails, while a
+// controller asks it for a client: GetClient answers "not connected" from before the try,
+// Tried answers from after it.
+type connectingTracker struct {
+	clustercache.ClusterCache
+	tried *bool
+}
+
+func (t connectingTracker) GetClient(ctx context.Context, key client.ObjectKey) (client.Client, error) {
+	c, err := t.ClusterCache.GetClient(ctx, key)
+	*t.tried = true
+	return c, err
+}
+
+func (t connectingTracker) Tried(context.Context, client.ObjectKey) bool { return *t.tried }
+
+// "Not connected" read before the first try is "not tried yet", even when the try ends before
+// Tried is asked: the try's own event brings the object back, to report what it found. A
+// restarted manager that said "unreachable" there wrote a status it took back at once.
+func TestGuestClientNotConnectedBeforeTheFirstTryEndsIsNotTriedYet(t *testing.T) {
+	g := NewWithT(t)
+	cache := connectingTracker{ClusterCache: clustercache.NewFakeEmptyClusterCache(), tried: new(bool)}
+	obj := newGuestIngress()
+	conditions.Set(obj, metav1.Condition{Type: guestnetv1.ClusterAvailableCondition, Status: metav1.ConditionTrue, Reason: guestnetv1.ClusterAvailableReason})
+
+	_, err := Connect(context.Background(), cache, obj, newCluster(provisioned))
+
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(conditions.GetReason(obj, guestnetv1.ClusterAvailableCondition)).To(Equal(guestnetv1.ClusterAvailableReason))
+}
