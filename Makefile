@@ -75,6 +75,21 @@ CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)/controll
 KUSTOMIZE      := $(TOOLS_BIN)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
 
+# The lab's tools modules are rebuilt when their inputs change, not when a fresh clone makes
+# those files newer than the cached build (make compares times, and every file of a clone is
+# new). A target depends on a stamp named by the hash of its inputs; building it removes the
+# stamps of other inputs of the same key (prune_stamps), so that going back to them rebuilds.
+STAMP_DIR := $(CACHE_DIR)/stamps
+inputs_stamp = $(STAMP_DIR)/$(1)-$(shell cat $(2) | sha256sum | cut -c1-16)
+prune_stamps = find $(STAMP_DIR) -name '$(1)-*' ! -name '$(notdir $(2))' -delete
+CRDS_STAMP         := $(call inputs_stamp,crds,hack/fetch-crds.sh)
+CLUSTERCTL_STAMP   := $(call inputs_stamp,clusterctl,hack/tools/clusterctl/go.mod hack/tools/clusterctl/go.sum)
+LBIPAM_STAMP       := $(call inputs_stamp,lbipam,hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/lbipam/go.sum)
+LAB_BGP_STAMP      := $(call inputs_stamp,labbgp,$(sort $(wildcard hack/tools/labbgp/*.go)) hack/tools/labbgp/go.mod hack/tools/labbgp/go.sum)
+KONNECTIVITY_STAMP := $(call inputs_stamp,konnectivity,hack/tools/konnectivity/go.mod hack/tools/konnectivity/go.sum)
+CAPK_STAMP         := $(call inputs_stamp,capk,hack/tools/capk/go.mod hack/tools/capk/go.sum)
+METALLB_STAMP      := $(call inputs_stamp,metallb,hack/tools/metallb/go.mod hack/tools/metallb/go.sum)
+
 KUBE_APISERVER          := $(K8S_BIN)/kube-apiserver
 KUBE_CONTROLLER_MANAGER := $(K8S_BIN)/kube-controller-manager
 KUBECTL                 := $(K8S_BIN)/kubectl
@@ -313,8 +328,9 @@ $(K8S_BIN)/%:
 	@$(call build_step,$* (hack/tools/k8s),cd hack/tools/k8s && go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$* && mv $@.tmp $@)
 
 # Fetched again when the script changes (what it copies).
-$(CRD_DIR)/.complete: hack/fetch-crds.sh
+$(CRD_DIR)/.complete: $(CRDS_STAMP)
 	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION) $(METALLB_VERSION)
+	@$(call prune_stamps,crds,$<)
 
 $(CERT_MANAGER_BIN)/cert-manager-%:
 	mkdir -p $(dir $@)
@@ -341,63 +357,75 @@ $(CLUSTERCTL):
 
 # The Cluster API core manager (main package sigs.k8s.io/cluster-api/core; there is no root
 # main.go), in the same tools module as clusterctl: same pins, same compiled packages.
-$(CAPI_MANAGER): hack/tools/clusterctl/go.mod hack/tools/clusterctl/go.sum
+$(CAPI_MANAGER): $(CLUSTERCTL_STAMP)
 	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api $(CLUSTERCTL_VERSION)$$' hack/tools/clusterctl/go.mod || \
 		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cluster API core manager $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && \
 		go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/core && mv $@.tmp $@)
+	@$(call prune_stamps,clusterctl,$<)
 
 # The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone);
 # rebuilt when its main or pins change (go build reuses its cache).
-$(CILIUM_LBIPAM): hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/lbipam/go.sum
+$(CILIUM_LBIPAM): $(LBIPAM_STAMP)
 	@grep -qE '^(require)?[[:space:]]*github\.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)$$' hack/tools/lbipam/go.mod || \
 		{ echo "hack/tools/lbipam/go.mod does not pin github.com/cilium/cilium $(CILIUM_LBIPAM_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
+	@$(call prune_stamps,lbipam,$<)
 
 # The lab's BGP router and speaker on GoBGP (hack/tools/labbgp); rebuilt when its sources or
 # pins change (go build reuses its cache).
-$(LAB_BGP): $(wildcard hack/tools/labbgp/*.go) hack/tools/labbgp/go.mod hack/tools/labbgp/go.sum
+$(LAB_BGP): $(LAB_BGP_STAMP)
 	@grep -qE '^(require)?[[:space:]]*github\.com/osrg/gobgp/v3 $(GOBGP_VERSION)$$' hack/tools/labbgp/go.mod || \
 		{ echo "hack/tools/labbgp/go.mod does not pin github.com/osrg/gobgp/v3 $(GOBGP_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,lab-bgp on GoBGP $(GOBGP_VERSION) (hack/tools/labbgp),cd hack/tools/labbgp && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
+	@$(call prune_stamps,labbgp,$<)
 
 # konnectivity's server and agent (cmd/server, cmd/agent of sigs.k8s.io/apiserver-network-proxy);
 # its go.mod requires konnectivity-client at the same version explicitly (the project's own
 # replace of it is not seen from another module).
-$(KONNECTIVITY_BIN)/konnectivity-%: hack/tools/konnectivity/go.mod hack/tools/konnectivity/go.sum
+$(KONNECTIVITY_BIN)/konnectivity-%: $(KONNECTIVITY_STAMP)
 	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/apiserver-network-proxy $(KONNECTIVITY_VERSION)( |$$)' hack/tools/konnectivity/go.mod || \
 		{ echo "hack/tools/konnectivity/go.mod does not pin sigs.k8s.io/apiserver-network-proxy $(KONNECTIVITY_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,konnectivity $* $(KONNECTIVITY_VERSION) (hack/tools/konnectivity),cd hack/tools/konnectivity && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/apiserver-network-proxy/cmd/$* && mv $@.tmp $@)
+	@$(call prune_stamps,konnectivity,$<)
 
 # The real CAPK manager (the root main package of sigs.k8s.io/cluster-api-provider-kubevirt);
 # hack/tools/capk has no Go files (a main package cannot be imported), only its go.mod pins.
-$(CAPK_MANAGER): hack/tools/capk/go.mod hack/tools/capk/go.sum
+$(CAPK_MANAGER): $(CAPK_STAMP)
 	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api-provider-kubevirt $(CAPK_MANAGER_VERSION)$$' hack/tools/capk/go.mod || \
 		{ echo "hack/tools/capk/go.mod does not pin sigs.k8s.io/cluster-api-provider-kubevirt $(CAPK_MANAGER_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,CAPK manager $(CAPK_MANAGER_VERSION) (hack/tools/capk),cd hack/tools/capk && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/cluster-api-provider-kubevirt && mv $@.tmp $@)
+	@$(call prune_stamps,capk,$<)
 
-$(CAPK_BIN)/capk-webhooks.yaml: hack/tools/capk/go.mod
+$(CAPK_BIN)/capk-webhooks.yaml: $(CAPK_STAMP)
 	@mkdir -p $(dir $@)
 	dir=$$(go -C hack/tools/capk list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api-provider-kubevirt) && \
 		cp "$$dir/config/webhook/manifests.yaml" $@.tmp && chmod u+w $@.tmp && mv $@.tmp $@
+	@$(call prune_stamps,capk,$<)
 
 # MetalLB's controller and speaker (the main packages go.universe.tf/metallb/controller and
 # go.universe.tf/metallb/speaker); hack/tools/metallb has no Go files, only its go.mod pins.
-$(METALLB_BIN)/metallb-%: hack/tools/metallb/go.mod hack/tools/metallb/go.sum
+$(METALLB_BIN)/metallb-%: $(METALLB_STAMP)
 	@grep -qE '^(require)?[[:space:]]*go\.universe\.tf/metallb $(METALLB_VERSION)$$' hack/tools/metallb/go.mod || \
 		{ echo "hack/tools/metallb/go.mod does not pin go.universe.tf/metallb $(METALLB_VERSION)"; exit 1; }
 	@mkdir -p $(dir $@)
 	@$(call build_step,MetalLB $* $(METALLB_VERSION) (hack/tools/metallb),cd hack/tools/metallb && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp go.universe.tf/metallb/$* && mv $@.tmp $@)
+	@$(call prune_stamps,metallb,$<)
+
+# A stamp that does not exist yet is new: what depends on it is built. Named here, not by a
+# pattern: make would skip a missing stamp that only a pattern rule makes (an intermediate).
+$(CRDS_STAMP) $(CLUSTERCTL_STAMP) $(LBIPAM_STAMP) $(LAB_BGP_STAMP) $(KONNECTIVITY_STAMP) $(CAPK_STAMP) $(METALLB_STAMP):
+	@mkdir -p $(dir $@) && touch $@
 
 $(CLUSTERCTL_BIN)/capi/.complete:
 	hack/fetch-clusterctl-assets.sh $(CLUSTERCTL_BIN)/capi $(CAPI_VERSION)
