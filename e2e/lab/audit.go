@@ -74,6 +74,9 @@ func (r AuditRequest) String() string {
 type AuditLog struct {
 	path   string
 	offset int64
+	// midLine: the reader was opened while the apiserver was writing a line; that request
+	// came before the reader, and its rest is skipped.
+	midLine bool
 }
 
 // AuditLog returns a reader of the control plane's audit log positioned at its current end
@@ -82,12 +85,28 @@ func (cp *ControlPlane) AuditLog() (*AuditLog, error) {
 	if !cp.Options.Audit {
 		return nil, fmt.Errorf("%s control plane runs without an audit log", cp.Options.Name)
 	}
-	a := &AuditLog{path: cp.AuditLogPath()}
+	return openAuditLog(cp.AuditLogPath())
+}
+
+func openAuditLog(path string) (*AuditLog, error) {
+	a := &AuditLog{path: path}
 	st, err := os.Stat(a.path)
 	if err != nil {
 		return nil, err
 	}
 	a.offset = st.Size()
+	if a.offset > 0 {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, a.offset-1); err != nil {
+			return nil, err
+		}
+		a.midLine = last[0] != '\n'
+	}
 	return a, nil
 }
 
@@ -114,6 +133,10 @@ func (a *AuditLog) Next(userAgent string) ([]AuditRequest, error) {
 			return nil, err
 		}
 		a.offset += int64(len(line))
+		if a.midLine {
+			a.midLine = false
+			continue
+		}
 		var req AuditRequest
 		if err := json.Unmarshal(line, &req); err != nil {
 			return nil, fmt.Errorf("audit log %s: %w", a.path, err)
