@@ -126,6 +126,16 @@ func (g *guest) disconnect() {
 	}
 }
 
+// disconnectUnanswered drops a connection whose guest stopped answering its health probes,
+// and counts that as a failed connect: the next try waits for the retry interval, whatever
+// event of the Cluster comes first.
+func (g *guest) disconnectUnanswered() {
+	g.disconnect()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.connectFailed = time.Now()
+}
+
 // watch adds watcher to the connection's cache unless one of that name was added.
 func (g *guest) watch(ctx context.Context, watcher clustercache.Watcher) error {
 	g.mu.Lock()

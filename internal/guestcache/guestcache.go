@@ -165,7 +165,8 @@ func newCache(clusters client.Reader, scheme *runtime.Scheme, opts Options) *Cac
 }
 
 // Reconcile connects to the Cluster's guest once its infrastructure is provisioned (not
-// sooner than the retry interval after a failed try), probes a connected guest every
+// sooner than the retry interval after a failed try, or after a disconnect for unanswered
+// probes), probes a connected guest every
 // health probe interval, drops its connection after the failure threshold of failed probes
 // in a row or one Unauthorized answer (a rotated kubeconfig: it connects again at once),
 // and drops it when the Cluster is gone. Each connect and disconnect is an event for every
@@ -216,7 +217,7 @@ func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 	case g.state().ConsecutiveFailures >= c.healthProbe.FailureThreshold:
 		log.Info("Disconnected: the guest apiserver did not answer the health probe", "failures", c.healthProbe.FailureThreshold, "error", err.Error())
-		g.disconnect()
+		g.disconnectUnanswered()
 		c.send(cluster)
 		return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
 	default:

@@ -129,6 +129,15 @@ func TestFailedProbesDisconnectAfterFiveInARow(t *testing.T) {
 			g.Expect(h.logs.messages()).To(ContainElement("Disconnected: the guest apiserver did not answer the health probe"))
 			g.Expect(res.RequeueAfter).To(Equal(h.cache.connectRetryInterval()), "it connects again after the retry interval")
 			g.Expect(h.api.unauthorized.Load()).To(BeZero())
+
+			// Another event of the Cluster (a status update) before the retry interval does
+			// not connect again: a guest that stopped answering is not dialled on every event.
+			before = h.api.probes.Load()
+			res = h.reconcile()
+			g.Expect(h.connected()).To(BeFalse(), "no connect before the retry interval has passed")
+			g.Expect(h.api.probes.Load()).To(Equal(before), "no try to connect")
+			g.Expect(res.RequeueAfter).To(BeNumerically(">", 0))
+			g.Expect(res.RequeueAfter).To(BeNumerically("<=", h.cache.connectRetryInterval()))
 		})
 	}
 }
