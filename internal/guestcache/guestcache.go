@@ -195,12 +195,12 @@ func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		if err := g.connect(ctx, c); err != nil {
 			log.Error(err, "Connect failed")
 			if g.state().ConsecutiveFailures == 1 {
-				c.send(cluster) // the objects that waited for the first try (Tried) report it
+				c.send(ctx, cluster) // the objects that waited for the first try (Tried) report it
 			}
 			return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
 		}
 		log.Info("Connected")
-		c.send(cluster)
+		c.send(ctx, cluster)
 		return reconcile.Result{RequeueAfter: c.healthProbe.Interval}, nil
 	}
 
@@ -213,12 +213,12 @@ func (c *Cache) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	case apierrors.IsUnauthorized(err):
 		log.Info("Disconnected: the guest apiserver no longer accepts the credentials", "error", err.Error())
 		g.disconnect()
-		c.send(cluster)
+		c.send(ctx, cluster)
 		return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 	case g.state().ConsecutiveFailures >= c.healthProbe.FailureThreshold:
 		log.Info("Disconnected: the guest apiserver did not answer the health probe", "failures", c.healthProbe.FailureThreshold, "error", err.Error())
 		g.disconnectUnanswered()
-		c.send(cluster)
+		c.send(ctx, cluster)
 		return reconcile.Result{RequeueAfter: c.connectRetryInterval()}, nil
 	default:
 		return reconcile.Result{RequeueAfter: c.healthProbe.Interval}, nil
@@ -236,7 +236,7 @@ func (c *Cache) forget(ctx context.Context, key client.ObjectKey) {
 		ctrl.LoggerFrom(ctx).Info("Disconnected: the Cluster is gone")
 		gone := &clusterv1.Cluster{}
 		gone.Namespace, gone.Name = key.Namespace, key.Name
-		c.send(gone)
+		c.send(ctx, gone)
 	}
 }
 
@@ -359,13 +359,17 @@ func (c *Cache) GetClusterSource(_ string, mapFunc func(ctx context.Context, clu
 	return source.Channel(ch, handler.EnqueueRequestsFromMapFunc(mapFunc))
 }
 
-// send tells every source that cluster's guest connected or disconnected.
-func (c *Cache) send(cluster *clusterv1.Cluster) {
+// send tells every source that cluster's guest connected or disconnected. It gives up when
+// ctx (the Reconcile's) is done: a stopping manager no longer reads its sources, and waits
+// for this worker.
+func (c *Cache) send(ctx context.Context, cluster *clusterv1.Cluster) {
 	c.sourcesMu.Lock()
 	defer c.sourcesMu.Unlock()
 	for _, ch := range c.sources {
 		select {
 		case ch <- event.GenericEvent{Object: cluster}:
+		case <-ctx.Done():
+			return
 		case <-c.ctx.Done():
 			return
 		}

@@ -782,3 +782,22 @@ func TestConnectCountsTheGuest(t *testing.T) {
 	g.Expect(h.cache.opts.Bounds.Check(h.ctx, h.key, noRequests{t: t}, nil)).To(Succeed())
 	g.Expect(h.cache.opts.Bounds.CheckKind(h.ctx, h.key, noRequests{t: t}, corev1.SchemeGroupVersion.WithKind("Service"))).To(Succeed())
 }
+
+// A manager that stops while a guest connects: the controllers' sources no longer read, and
+// the connect's event must not hold the cache's worker. It did, until the manager's grace
+// period ran out and the manager stopped with an error (a lab test failed so in CI).
+func TestAnEventNobodyReadsDoesNotHoldAStoppingManager(t *testing.T) {
+	g := NewWithT(t)
+	h := newHarness(t, nil)
+	// Registered, never started: nobody reads it, as after the manager stopped its sources.
+	h.cache.GetClusterSource("stopped", func(context.Context, client.Object) []reconcile.Request { return nil })
+	ctx, stop := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = h.cache.Reconcile(ctx, reconcile.Request{NamespacedName: h.key})
+	}()
+
+	stop() // the manager stops, during the connect or after it
+	g.Eventually(done).WithTimeout(30*time.Second).Should(BeClosed(), "the Reconcile returns once its context is done")
+}
