@@ -170,6 +170,32 @@ func (r *Reconciler) clusterToBridges(key client.ObjectKey) handler.MapFunc {
 	return clusterscope.GuestToObjects(r.Client, key, func() client.ObjectList { return &guestnetv1.GuestWebhookBridgeList{} })
 }
 
+// guestServiceToBridges maps an event of a guest Service of the Cluster key to the Cluster's
+// bridges whose plan it can change (bridge.ServiceMatters): in a guest with many Services,
+// the others' changes would each replan every bridge.
+func (r *Reconciler) guestServiceToBridges(key client.ObjectKey) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		svc, ok := o.(*corev1.Service)
+		if !ok {
+			return r.clusterToBridges(key)(ctx, o)
+		}
+		list := &guestnetv1.GuestWebhookBridgeList{}
+		if err := r.Client.List(ctx, list, client.InNamespace(key.Namespace),
+			client.MatchingFields{clusterscope.ClusterNameField: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Failed to list the bridges of Cluster", "Cluster", key)
+			return nil
+		}
+		var out []reconcile.Request
+		for i := range list.Items {
+			gwb := &list.Items[i]
+			if bridge.ServiceMatters(svc, gwb, r.memo().serviceKeysOf(gwb.UID)) {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gwb)})
+			}
+		}
+		return out
+	}
+}
+
 // kubeconfigSecretToBridges maps a <cluster>-kubeconfig Secret to the Cluster's bridges.
 func (r *Reconciler) kubeconfigSecretToBridges(ctx context.Context, o client.Object) []reconcile.Request {
 	cluster, ok := strings.CutSuffix(o.GetName(), "-kubeconfig")

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/bridge"
 )
@@ -18,6 +19,9 @@ type memo struct {
 	now    func() time.Time
 	probes map[types.UID]map[string]probeAnswer
 	reads  map[string]readAnswer
+	// serviceKeys are the guest Services each bridge's last plan looked up
+	// (bridge.Plan.GuestServiceKeys), for the guest Service events (bridge.ServiceMatters).
+	serviceKeys map[types.UID]sets.Set[string]
 }
 
 type probeAnswer struct {
@@ -49,7 +53,8 @@ type readAnswer struct {
 }
 
 func newMemo() *memo {
-	return &memo{now: time.Now, probes: map[types.UID]map[string]probeAnswer{}, reads: map[string]readAnswer{}}
+	return &memo{now: time.Now, probes: map[types.UID]map[string]probeAnswer{}, reads: map[string]readAnswer{},
+		serviceKeys: map[types.UID]sets.Set[string]{}}
 }
 
 // probe returns the answer for the target key of bridge uid when one is known for these
@@ -106,6 +111,27 @@ func (m *memo) forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.probes, uid)
+	delete(m.serviceKeys, uid)
+}
+
+// setServiceKeys keeps the guest Services the last plan of bridge uid looked up; nil (no
+// plan) makes every guest Service event matter to it.
+func (m *memo) setServiceKeys(uid types.UID, keys sets.Set[string]) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if keys == nil {
+		delete(m.serviceKeys, uid)
+		return
+	}
+	m.serviceKeys[uid] = keys
+}
+
+// serviceKeysOf returns what setServiceKeys kept for bridge uid (nil: none). A kept set is
+// replaced, never changed: the caller reads it without the lock.
+func (m *memo) serviceKeysOf(uid types.UID) sets.Set[string] {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.serviceKeys[uid]
 }
 
 // readFor returns the memoized answer of read for key, calling it when there is none younger

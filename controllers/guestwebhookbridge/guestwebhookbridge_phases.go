@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apimachinery/pkg/util/sets"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/klog/v2"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
@@ -175,11 +176,11 @@ func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 	}
 	key := client.ObjectKeyFromObject(s.cluster)
 	toBridges := handler.EnqueueRequestsFromMapFunc(r.clusterToBridges(key))
-	for _, kind := range []client.Object{
-		&apiregistrationv1.APIService{},
-		&admissionregistrationv1.ValidatingWebhookConfiguration{},
-		&admissionregistrationv1.MutatingWebhookConfiguration{},
-		&corev1.Service{},
+	for kind, toBridges := range map[client.Object]handler.EventHandler{
+		&apiregistrationv1.APIService{}:                           toBridges,
+		&admissionregistrationv1.ValidatingWebhookConfiguration{}: toBridges,
+		&admissionregistrationv1.MutatingWebhookConfiguration{}:   toBridges,
+		&corev1.Service{}: handler.EnqueueRequestsFromMapFunc(r.guestServiceToBridges(key)),
 	} {
 		err := r.ClusterCache.Watch(ctx, key, clustercache.NewWatcher(clustercache.WatcherOptions{
 			Name:         fmt.Sprintf("%s-%T", guestWatcher, kind),
@@ -200,6 +201,16 @@ func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 // makePlan reads the guest and plans the bridge. A nil plan without error: the spec cannot
 // be used, and the conditions say so.
 func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, error) {
+	plan, err := r.planGuest(ctx, s)
+	var keys sets.Set[string]
+	if plan != nil {
+		keys = plan.GuestServiceKeys()
+	}
+	r.memo().setServiceKeys(s.bridge.UID, keys)
+	return plan, err
+}
+
+func (r *Reconciler) planGuest(ctx context.Context, s *scope) (*bridge.Plan, error) {
 	obs, services, err := observeGuest(ctx, s.guestClient)
 	if err != nil {
 		return nil, err
