@@ -175,11 +175,12 @@ func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 		return nil // unit tests drive the phases without a controller
 	}
 	key := client.ObjectKeyFromObject(s.cluster)
-	toBridges := handler.EnqueueRequestsFromMapFunc(r.clusterToBridges(key))
+	allBridges := handler.EnqueueRequestsFromMapFunc(r.clusterToBridges(key))
 	for kind, toBridges := range map[client.Object]handler.EventHandler{
-		&apiregistrationv1.APIService{}:                           toBridges,
-		&admissionregistrationv1.ValidatingWebhookConfiguration{}: toBridges,
-		&admissionregistrationv1.MutatingWebhookConfiguration{}:   toBridges,
+		&apiregistrationv1.APIService{}:                           allBridges,
+		&admissionregistrationv1.ValidatingWebhookConfiguration{}: allBridges,
+		&admissionregistrationv1.MutatingWebhookConfiguration{}:   allBridges,
+		// Only the bridges whose plan the Service can change.
 		&corev1.Service{}: handler.EnqueueRequestsFromMapFunc(r.guestServiceToBridges(key)),
 	} {
 		err := r.ClusterCache.Watch(ctx, key, clustercache.NewWatcher(clustercache.WatcherOptions{
@@ -199,7 +200,8 @@ func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 }
 
 // makePlan reads the guest and plans the bridge. A nil plan without error: the spec cannot
-// be used, and the conditions say so.
+// be used, and the conditions say so. The guest Services the plan looked up are kept for the
+// guest Service events (guestServiceToBridges).
 func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, error) {
 	plan, err := r.planGuest(ctx, s)
 	var keys sets.Set[string]
@@ -210,6 +212,7 @@ func (r *Reconciler) makePlan(ctx context.Context, s *scope) (*bridge.Plan, erro
 	return plan, err
 }
 
+// planGuest is makePlan without the keeping.
 func (r *Reconciler) planGuest(ctx context.Context, s *scope) (*bridge.Plan, error) {
 	obs, services, err := observeGuest(ctx, s.guestClient)
 	if err != nil {
