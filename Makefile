@@ -77,11 +77,12 @@ GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-l
 
 # The lab's tools modules are rebuilt when their inputs change, not when a fresh clone makes
 # those files newer than the cached build (make compares times, and every file of a clone is
-# new). A target depends on a stamp named by the hash of its inputs; building it removes the
-# stamps of other inputs of the same key (prune_stamps), so that going back to them rebuilds.
+# new). A target depends on a stamp "<key>-<hash of its inputs>" (keys without '-'); building
+# it removes the stamps of other inputs of the same key (prune_stamps STAMP), so that going
+# back to them rebuilds.
 STAMP_DIR := $(CACHE_DIR)/stamps
 inputs_stamp = $(STAMP_DIR)/$(1)-$(shell cat $(2) | sha256sum | cut -c1-16)
-prune_stamps = find $(STAMP_DIR) -name '$(1)-*' ! -name '$(notdir $(2))' -delete
+prune_stamps = find $(STAMP_DIR) -name '$(firstword $(subst -, ,$(notdir $(1))))-*' ! -name '$(notdir $(1))' -delete
 CRDS_STAMP         := $(call inputs_stamp,crds,hack/fetch-crds.sh)
 CLUSTERCTL_STAMP   := $(call inputs_stamp,clusterctl,hack/tools/clusterctl/go.mod hack/tools/clusterctl/go.sum)
 LBIPAM_STAMP       := $(call inputs_stamp,lbipam,hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/lbipam/go.sum)
@@ -330,7 +331,7 @@ $(K8S_BIN)/%:
 # Fetched again when the script changes (what it copies).
 $(CRD_DIR)/.complete: $(CRDS_STAMP)
 	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION) $(METALLB_VERSION)
-	@$(call prune_stamps,crds,$<)
+	@$(call prune_stamps,$<)
 
 $(CERT_MANAGER_BIN)/cert-manager-%:
 	mkdir -p $(dir $@)
@@ -363,7 +364,7 @@ $(CAPI_MANAGER): $(CLUSTERCTL_STAMP)
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cluster API core manager $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && \
 		go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/core && mv $@.tmp $@)
-	@$(call prune_stamps,clusterctl,$<)
+	@$(call prune_stamps,$<)
 
 # The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone);
 # rebuilt when its main or pins change (go build reuses its cache).
@@ -373,7 +374,7 @@ $(CILIUM_LBIPAM): $(LBIPAM_STAMP)
 	@mkdir -p $(dir $@)
 	@$(call build_step,Cilium LB-IPAM $(CILIUM_LBIPAM_VERSION) (hack/tools/lbipam),cd hack/tools/lbipam && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
-	@$(call prune_stamps,lbipam,$<)
+	@$(call prune_stamps,$<)
 
 # The lab's BGP router and speaker on GoBGP (hack/tools/labbgp); rebuilt when its sources or
 # pins change (go build reuses its cache).
@@ -383,7 +384,7 @@ $(LAB_BGP): $(LAB_BGP_STAMP)
 	@mkdir -p $(dir $@)
 	@$(call build_step,lab-bgp on GoBGP $(GOBGP_VERSION) (hack/tools/labbgp),cd hack/tools/labbgp && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
-	@$(call prune_stamps,labbgp,$<)
+	@$(call prune_stamps,$<)
 
 # konnectivity's server and agent (cmd/server, cmd/agent of sigs.k8s.io/apiserver-network-proxy);
 # its go.mod requires konnectivity-client at the same version explicitly (the project's own
@@ -394,7 +395,7 @@ $(KONNECTIVITY_BIN)/konnectivity-%: $(KONNECTIVITY_STAMP)
 	@mkdir -p $(dir $@)
 	@$(call build_step,konnectivity $* $(KONNECTIVITY_VERSION) (hack/tools/konnectivity),cd hack/tools/konnectivity && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/apiserver-network-proxy/cmd/$* && mv $@.tmp $@)
-	@$(call prune_stamps,konnectivity,$<)
+	@$(call prune_stamps,$<)
 
 # The real CAPK manager (the root main package of sigs.k8s.io/cluster-api-provider-kubevirt);
 # hack/tools/capk has no Go files (a main package cannot be imported), only its go.mod pins.
@@ -404,13 +405,13 @@ $(CAPK_MANAGER): $(CAPK_STAMP)
 	@mkdir -p $(dir $@)
 	@$(call build_step,CAPK manager $(CAPK_MANAGER_VERSION) (hack/tools/capk),cd hack/tools/capk && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/cluster-api-provider-kubevirt && mv $@.tmp $@)
-	@$(call prune_stamps,capk,$<)
+	@$(call prune_stamps,$<)
 
 $(CAPK_BIN)/capk-webhooks.yaml: $(CAPK_STAMP)
 	@mkdir -p $(dir $@)
 	dir=$$(go -C hack/tools/capk list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api-provider-kubevirt) && \
 		cp "$$dir/config/webhook/manifests.yaml" $@.tmp && chmod u+w $@.tmp && mv $@.tmp $@
-	@$(call prune_stamps,capk,$<)
+	@$(call prune_stamps,$<)
 
 # MetalLB's controller and speaker (the main packages go.universe.tf/metallb/controller and
 # go.universe.tf/metallb/speaker); hack/tools/metallb has no Go files, only its go.mod pins.
@@ -420,7 +421,7 @@ $(METALLB_BIN)/metallb-%: $(METALLB_STAMP)
 	@mkdir -p $(dir $@)
 	@$(call build_step,MetalLB $* $(METALLB_VERSION) (hack/tools/metallb),cd hack/tools/metallb && \
 		go build -trimpath -ldflags "-s -w" -o $@.tmp go.universe.tf/metallb/$* && mv $@.tmp $@)
-	@$(call prune_stamps,metallb,$<)
+	@$(call prune_stamps,$<)
 
 # A stamp that does not exist yet is new: what depends on it is built. Named here, not by a
 # pattern: make would skip a missing stamp that only a pattern rule makes (an intermediate).

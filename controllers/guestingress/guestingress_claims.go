@@ -297,8 +297,7 @@ func (r *Reconciler) siblings(ctx context.Context, gi *guestnetv1.GuestIngress) 
 // ofCluster are the GuestIngresses of gi's Cluster, gi among them.
 func (r *Reconciler) ofCluster(ctx context.Context, gi *guestnetv1.GuestIngress) ([]guestnetv1.GuestIngress, error) {
 	list := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, list, readOnly, client.InNamespace(gi.Namespace),
-		client.MatchingFields{clusterscope.ClusterNameField: gi.Spec.ClusterName}); err != nil {
+	if err := clusterscope.ListOfCluster(ctx, r.Client, client.ObjectKey{Namespace: gi.Namespace, Name: gi.Spec.ClusterName}, list, readOnly); err != nil {
 		return nil, fmt.Errorf("listing GuestIngresses of Cluster %s/%s: %w", gi.Namespace, gi.Spec.ClusterName, err)
 	}
 	return list.Items, nil

@@ -38,8 +38,7 @@ func (r *Reconciler) guestServiceToGuestIngresses(cluster client.ObjectKey) hand
 			return nil
 		}
 		list := &guestnetv1.GuestIngressList{}
-		if err := r.Client.List(ctx, list, client.InNamespace(cluster.Namespace),
-			client.MatchingFields{clusterscope.ClusterNameField: cluster.Name}); err != nil {
+		if err := clusterscope.ListOfCluster(ctx, r.Client, cluster, list); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses of Cluster", "Cluster", cluster)
 			return nil
 		}
@@ -184,8 +183,7 @@ func (r *Reconciler) guestServiceRivalsOf(ctx context.Context, o client.Object) 
 		refs = append(refs, *gi.Status.GuestService)
 	}
 	list := &guestnetv1.GuestIngressList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(gi.Namespace),
-		client.MatchingFields{clusterscope.ClusterNameField: gi.Spec.ClusterName}); err != nil {
+	if err := clusterscope.ListOfCluster(ctx, r.Client, client.ObjectKey{Namespace: gi.Namespace, Name: gi.Spec.ClusterName}, list); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list GuestIngresses of Cluster", "Cluster", klog.KRef(gi.Namespace, gi.Spec.ClusterName))
 		return nil
 	}

@@ -180,8 +180,7 @@ func (r *Reconciler) guestServiceToBridges(key client.ObjectKey) handler.MapFunc
 			return r.clusterToBridges(key)(ctx, o)
 		}
 		list := &guestnetv1.GuestWebhookBridgeList{}
-		if err := r.Client.List(ctx, list, client.InNamespace(key.Namespace),
-			client.MatchingFields{clusterscope.ClusterNameField: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		if err := clusterscope.ListOfCluster(ctx, r.Client, key, list, client.UnsafeDisableDeepCopy); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Failed to list the bridges of Cluster", "Cluster", key)
 			return nil
 		}

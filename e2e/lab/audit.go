@@ -89,18 +89,17 @@ func (cp *ControlPlane) AuditLog() (*AuditLog, error) {
 }
 
 func openAuditLog(path string) (*AuditLog, error) {
-	a := &AuditLog{path: path}
-	st, err := os.Stat(a.path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	a.offset = st.Size()
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	a := &AuditLog{path: path, offset: st.Size()}
 	if a.offset > 0 {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
 		last := make([]byte, 1)
 		if _, err := f.ReadAt(last, a.offset-1); err != nil {
 			return nil, err

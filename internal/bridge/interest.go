@@ -46,11 +46,13 @@ func ServiceMatters(svc *corev1.Service, gwb *guestnetv1.GuestWebhookBridge, key
 	if _, bridged := svc.Annotations[ownership.BridgeAnnotation]; bridged {
 		return true // a bridge's, or one that says so: a claim the plan weighs
 	}
-	r := gwb.Spec.NodePortRange
 	for _, p := range svc.Spec.Ports {
-		if p.NodePort >= r.Start && p.NodePort < r.Start+r.Size {
+		if inRange(gwb.Spec.NodePortRange, p.NodePort) {
 			return true
 		}
 	}
 	return false
 }
+
+// inRange reports whether nodePort n is in r.
+func inRange(r guestnetv1.NodePortRange, n int32) bool { return n >= r.Start && n < r.Start+r.Size }

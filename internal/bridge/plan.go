@@ -592,7 +592,6 @@ func targetPort(sp corev1.ServicePort) intstr.IntOrString {
 // NodePortRangeExhausted.
 func allocateNodePorts(in Input, p *Plan) {
 	r := in.Bridge.Spec.NodePortRange
-	inRange := func(n int32) bool { return n >= r.Start && n < r.Start+r.Size }
 	held := map[int32]string{} // nodePort -> Service holding it, bridge's own excluded
 	own := map[string]map[int32]int32{}
 	for i := range in.GuestServices {
@@ -632,7 +631,7 @@ func allocateNodePorts(in Input, p *Plan) {
 		current := own[b.Service.Namespace+"/"+b.NodePortService]
 		for i := range b.Ports {
 			n := current[b.Ports[i].Port]
-			if n != 0 && inRange(n) && held[n] == "" && !taken[n] {
+			if n != 0 && inRange(r, n) && held[n] == "" && !taken[n] {
 				b.Ports[i].NodePort = n
 				taken[n] = true
 			}

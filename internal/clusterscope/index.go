@@ -39,16 +39,20 @@ func AddClusterNameIndex(ctx context.Context, mgr ctrl.Manager, obj client.Objec
 	return mgr.GetFieldIndexer().IndexField(ctx, obj, ClusterNameField, IndexByClusterName)
 }
 
+// ListOfCluster lists the objects (of the kind list holds) that name the Cluster key in
+// spec.clusterName, through ClusterNameField, in its namespace only.
+func ListOfCluster(ctx context.Context, c client.Reader, key client.ObjectKey, list client.ObjectList, opts ...client.ListOption) error {
+	return c.List(ctx, list, append([]client.ListOption{
+		client.InNamespace(key.Namespace), client.MatchingFields{ClusterNameField: key.Name}}, opts...)...)
+}
+
 // ClusterToObjects returns a map function that turns a Cluster into requests for the objects
 // (of the kind newList lists) that name it in spec.clusterName, in the Cluster's namespace
 // only: a cluster name is unique per namespace, not across namespaces.
 func ClusterToObjects(c client.Reader, newList func() client.ObjectList) handler.MapFunc {
 	return func(ctx context.Context, cluster client.Object) []reconcile.Request {
 		list := newList()
-		if err := c.List(ctx, list,
-			client.InNamespace(cluster.GetNamespace()),
-			client.MatchingFields{ClusterNameField: cluster.GetName()},
-		); err != nil {
+		if err := ListOfCluster(ctx, c, client.ObjectKeyFromObject(cluster), list); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Failed to list objects of Cluster", "Cluster", client.ObjectKeyFromObject(cluster))
 			return nil
 		}
