@@ -78,11 +78,11 @@ GOLANGCI_LINT  := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-l
 # The lab's tools modules are rebuilt when their inputs change, not when a fresh clone makes
 # those files newer than the cached build (make compares times, and every file of a clone is
 # new). A target depends on a stamp "<key>-<hash of its inputs>" (keys without '-'); building
-# it removes the stamps of other inputs of the same key (prune_stamps STAMP), so that going
-# back to them rebuilds.
+# it removes the stamps of other inputs of the same key (prune_stamps STAMP; two targets of one
+# key may prune at the same time), so that going back to them rebuilds.
 STAMP_DIR := $(CACHE_DIR)/stamps
 inputs_stamp = $(STAMP_DIR)/$(1)-$(shell cat $(2) | sha256sum | cut -c1-16)
-prune_stamps = find $(STAMP_DIR) -name '$(firstword $(subst -, ,$(notdir $(1))))-*' ! -name '$(notdir $(1))' -delete
+prune_stamps = find $(STAMP_DIR) -name '$(firstword $(subst -, ,$(notdir $(1))))-*' ! -name '$(notdir $(1))' -exec rm -f {} +
 CRDS_STAMP         := $(call inputs_stamp,crds,hack/fetch-crds.sh)
 CLUSTERCTL_STAMP   := $(call inputs_stamp,clusterctl,hack/tools/clusterctl/go.mod hack/tools/clusterctl/go.sum)
 LBIPAM_STAMP       := $(call inputs_stamp,lbipam,hack/tools/lbipam/main.go hack/tools/lbipam/go.mod hack/tools/lbipam/go.sum)
@@ -97,7 +97,8 @@ KUBECTL                 := $(K8S_BIN)/kubectl
 # The guest's kube-proxy, run per worker VM on the kernel datapath (lab.StartGuestKubeProxy).
 KUBE_PROXY              := $(K8S_BIN)/kube-proxy
 ETCD                    := $(ETCD_BIN)/etcd
-LAB_BINARIES := $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBECTL) $(KUBE_PROXY) $(ETCD)
+K8S_BINARIES := $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBECTL) $(KUBE_PROXY)
+LAB_BINARIES := $(K8S_BINARIES) $(ETCD)
 
 CERT_MANAGER_WEBHOOK    := $(CERT_MANAGER_BIN)/cert-manager-webhook
 CERT_MANAGER_CAINJECTOR := $(CERT_MANAGER_BIN)/cert-manager-cainjector
@@ -181,7 +182,9 @@ demo: lab-assets ## Start the two-cluster lab and show the state of host and gue
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) go run -exec $(LABNS) ./e2e/demo $(DEMO_ARGS)
 
 .PHONY: test
-test: lab-assets verify $(KUSTOMIZE) test-image-tool ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
+test: ## Run checks, unit, integration and end-to-end lab tests (TEST_ARGS='-run X' for a subset).
+	@$(MAKE) $(LAB_BUILD_PARALLEL) lab-assets-each tools
+	@$(MAKE) --no-print-directory verify test-image-tool
 	@$(MAKE) --no-print-directory release IMAGE_PLATFORMS="$(TEST_IMAGE_PLATFORMS)"
 	GUESTNET_IMAGE_PLATFORMS="$(TEST_IMAGE_PLATFORMS)" GUESTNET_MANAGER_BIN=$(abspath bin/manager-linux-$(shell go env GOARCH)) \
 		go test -exec $(LABNS) -count=1 -timeout 40m $(TEST_ARGS) $(TEST_PKGS)
@@ -274,6 +277,13 @@ release: release-manifests image ## Write everything a release carries into RELE
 build_step = start=$$(date +%s); echo "==> building $(1)" >&2; ( $(2) ) || exit $$?; \
 	secs=$$(( $$(date +%s) - start )); printf '==> built %s in %dm%02ds\n' "$(1)" $$((secs / 60)) $$((secs % 60)) >&2
 
+# go_build_into MODULE,GOFLAGS,DIR,NAME=PACKAGE...: one go build, in the tools module
+# hack/tools/MODULE, of every PACKAGE (a main package) into DIR/NAME. One process for all the
+# binaries of a module compiles the packages they share once (two processes at a time would
+# each compile them) and links one binary while it compiles the next.
+go_build_into = cd hack/tools/$(1) && rm -rf $(3)/.new && mkdir -p $(3)/.new && go build $(2) -o $(3)/.new/ $(foreach b,$(4),$(lastword $(subst =, ,$(b)))) && \
+	$(foreach b,$(4),mv $(3)/.new/$(notdir $(lastword $(subst =, ,$(b)))) $(3)/$(firstword $(subst =, ,$(b))) &&) rmdir $(3)/.new
+
 MANAGER_BINARIES := $(foreach p,$(IMAGE_PLATFORMS),bin/manager-$(subst /,-,$(p)))
 IMAGE_TOOL := go -C hack/tools/image run .
 
@@ -315,8 +325,17 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 
 ##@ Lab assets (cached in CACHE_DIR)
 
+# The lab's builds run LAB_BUILD_JOBS at a time (make -j, each line of output whole): while one
+# go build waits for the module proxy or links on one core, another compiles.
+LAB_BUILD_JOBS ?= 2
+LAB_BUILD_PARALLEL = --no-print-directory -j$(LAB_BUILD_JOBS) --output-sync=line
+
 .PHONY: lab-assets
-lab-assets: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) $(METALLB) $(LAB_BGP) ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK, MetalLB, lab-bgp) and fetch third-party CRDs/manifests.
+lab-assets: ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK, MetalLB, lab-bgp) and fetch third-party CRDs/manifests, LAB_BUILD_JOBS at a time.
+	@$(MAKE) $(LAB_BUILD_PARALLEL) lab-assets-each
+
+.PHONY: lab-assets-each
+lab-assets-each: host-tools $(LAB_BINARIES) $(CRD_DIR)/.complete $(THIRD_PARTY_ASSETS) $(CLUSTERCTL_ASSETS) $(CILIUM_LBIPAM) $(KONNECTIVITY) $(CAPK_ASSETS) $(METALLB) $(LAB_BGP)
 
 .PHONY: host-tools
 host-tools: ## Make sure unshare/nsenter (util-linux), ip and bridge (iproute2), nft (nftables), podman and runc are installed.
@@ -325,17 +344,16 @@ host-tools: ## Make sure unshare/nsenter (util-linux), ip and bridge (iproute2),
 $(ETCD):
 	@$(call build_step,etcd (hack/tools/etcd),cd hack/tools/etcd && go build -trimpath -ldflags "-s -w" -o $@.tmp . && mv $@.tmp $@)
 
-$(K8S_BIN)/%:
-	@$(call build_step,$* (hack/tools/k8s),cd hack/tools/k8s && go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$* && mv $@.tmp $@)
+$(K8S_BINARIES) &:
+	@$(call build_step,$(notdir $(K8S_BINARIES)) (hack/tools/k8s),$(call go_build_into,k8s,-trimpath -ldflags "$(K8S_LDFLAGS)",$(K8S_BIN),$(foreach b,$(notdir $(K8S_BINARIES)),$(b)=k8s.io/kubernetes/cmd/$(b))))
 
 # Fetched again when the script changes (what it copies).
 $(CRD_DIR)/.complete: $(CRDS_STAMP)
 	hack/fetch-crds.sh $(CRD_DIR) $(CAPI_VERSION) $(CAPK_VERSION) $(CILIUM_VERSION) $(METALLB_VERSION)
 	@$(call prune_stamps,$<)
 
-$(CERT_MANAGER_BIN)/cert-manager-%:
-	mkdir -p $(dir $@)
-	@$(call build_step,cert-manager $* (hack/tools/cert-manager),cd hack/tools/cert-manager && go build -trimpath -ldflags "$(CERT_MANAGER_LDFLAGS)" -o $@.tmp github.com/cert-manager/cert-manager/cmd/$* && mv $@.tmp $@)
+$(CERT_MANAGER_WEBHOOK) $(CERT_MANAGER_CAINJECTOR) &:
+	@$(call build_step,cert-manager webhook and cainjector (hack/tools/cert-manager),$(call go_build_into,cert-manager,-trimpath -ldflags "$(CERT_MANAGER_LDFLAGS)",$(CERT_MANAGER_BIN),$(foreach b,webhook cainjector,cert-manager-$(b)=github.com/cert-manager/cert-manager/cmd/$(b))))
 
 $(METRICS_SERVER):
 	mkdir -p $(dir $@)
@@ -347,23 +365,15 @@ $(CERT_MANAGER_BIN)/crds/.complete:
 $(METRICS_SERVER_BIN)/components.yaml: | $(KUSTOMIZE)
 	hack/fetch-thirdparty-manifests.sh metrics-server $(METRICS_SERVER_BIN) $(METRICS_SERVER_VERSION) $(KUSTOMIZE)
 
-# No -trimpath here, unlike the other tools: clusterctl shares most of its dependencies
-# (client-go, controller-runtime, Cluster API's util) with the provider at the same versions,
-# and -trimpath would compile them again instead of reusing what `go vet`/`go test` compile.
-$(CLUSTERCTL):
+# clusterctl and the Cluster API core manager (main package sigs.k8s.io/cluster-api/core;
+# there is no root main.go). No -trimpath here, unlike the other tools: they share most of
+# their dependencies (client-go, controller-runtime, Cluster API's util) with the provider at
+# the same versions, and -trimpath would compile them again instead of reusing what
+# `go vet`/`go test` compile.
+$(CLUSTERCTL) $(CAPI_MANAGER) &: $(CLUSTERCTL_STAMP)
 	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api $(CLUSTERCTL_VERSION)$$' hack/tools/clusterctl/go.mod || \
 		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
-	mkdir -p $(dir $@)
-	@$(call build_step,clusterctl $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/cmd/clusterctl && mv $@.tmp $@)
-
-# The Cluster API core manager (main package sigs.k8s.io/cluster-api/core; there is no root
-# main.go), in the same tools module as clusterctl: same pins, same compiled packages.
-$(CAPI_MANAGER): $(CLUSTERCTL_STAMP)
-	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/cluster-api $(CLUSTERCTL_VERSION)$$' hack/tools/clusterctl/go.mod || \
-		{ echo "hack/tools/clusterctl/go.mod does not pin sigs.k8s.io/cluster-api $(CLUSTERCTL_VERSION)"; exit 1; }
-	@mkdir -p $(dir $@)
-	@$(call build_step,Cluster API core manager $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),cd hack/tools/clusterctl && \
-		go build -ldflags "$(CLUSTERCTL_LDFLAGS)" -o $@.tmp sigs.k8s.io/cluster-api/core && mv $@.tmp $@)
+	@$(call build_step,clusterctl and the Cluster API core manager $(CLUSTERCTL_VERSION) (hack/tools/clusterctl),$(call go_build_into,clusterctl,-ldflags "$(CLUSTERCTL_LDFLAGS)",$(CLUSTERCTL_BIN),clusterctl=sigs.k8s.io/cluster-api/cmd/clusterctl capi-manager=sigs.k8s.io/cluster-api/core))
 	@$(call prune_stamps,$<)
 
 # The real Cilium LB-IPAM (hack/tools/lbipam/main.go runs the operator's lbipam cell alone);
@@ -389,12 +399,10 @@ $(LAB_BGP): $(LAB_BGP_STAMP)
 # konnectivity's server and agent (cmd/server, cmd/agent of sigs.k8s.io/apiserver-network-proxy);
 # its go.mod requires konnectivity-client at the same version explicitly (the project's own
 # replace of it is not seen from another module).
-$(KONNECTIVITY_BIN)/konnectivity-%: $(KONNECTIVITY_STAMP)
+$(KONNECTIVITY) &: $(KONNECTIVITY_STAMP)
 	@grep -qE '^(require)?[[:space:]]*sigs\.k8s\.io/apiserver-network-proxy $(KONNECTIVITY_VERSION)( |$$)' hack/tools/konnectivity/go.mod || \
 		{ echo "hack/tools/konnectivity/go.mod does not pin sigs.k8s.io/apiserver-network-proxy $(KONNECTIVITY_VERSION)"; exit 1; }
-	@mkdir -p $(dir $@)
-	@$(call build_step,konnectivity $* $(KONNECTIVITY_VERSION) (hack/tools/konnectivity),cd hack/tools/konnectivity && \
-		go build -trimpath -ldflags "-s -w" -o $@.tmp sigs.k8s.io/apiserver-network-proxy/cmd/$* && mv $@.tmp $@)
+	@$(call build_step,konnectivity server and agent $(KONNECTIVITY_VERSION) (hack/tools/konnectivity),$(call go_build_into,konnectivity,-trimpath -ldflags "-s -w",$(KONNECTIVITY_BIN),$(foreach b,server agent,konnectivity-$(b)=sigs.k8s.io/apiserver-network-proxy/cmd/$(b))))
 	@$(call prune_stamps,$<)
 
 # The real CAPK manager (the root main package of sigs.k8s.io/cluster-api-provider-kubevirt);
@@ -415,12 +423,10 @@ $(CAPK_BIN)/capk-webhooks.yaml: $(CAPK_STAMP)
 
 # MetalLB's controller and speaker (the main packages go.universe.tf/metallb/controller and
 # go.universe.tf/metallb/speaker); hack/tools/metallb has no Go files, only its go.mod pins.
-$(METALLB_BIN)/metallb-%: $(METALLB_STAMP)
+$(METALLB) &: $(METALLB_STAMP)
 	@grep -qE '^(require)?[[:space:]]*go\.universe\.tf/metallb $(METALLB_VERSION)$$' hack/tools/metallb/go.mod || \
 		{ echo "hack/tools/metallb/go.mod does not pin go.universe.tf/metallb $(METALLB_VERSION)"; exit 1; }
-	@mkdir -p $(dir $@)
-	@$(call build_step,MetalLB $* $(METALLB_VERSION) (hack/tools/metallb),cd hack/tools/metallb && \
-		go build -trimpath -ldflags "-s -w" -o $@.tmp go.universe.tf/metallb/$* && mv $@.tmp $@)
+	@$(call build_step,MetalLB controller and speaker $(METALLB_VERSION) (hack/tools/metallb),$(call go_build_into,metallb,-trimpath -ldflags "-s -w",$(METALLB_BIN),$(foreach b,controller speaker,metallb-$(b)=go.universe.tf/metallb/$(b))))
 	@$(call prune_stamps,$<)
 
 # A stamp that does not exist yet is new: what depends on it is built. Named here, not by a
