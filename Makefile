@@ -325,10 +325,12 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 
 ##@ Lab assets (cached in CACHE_DIR)
 
-# The lab's builds run LAB_BUILD_JOBS at a time (make -j, each line of output whole): while one
-# go build waits for the module proxy or links on one core, another compiles.
+# The lab's builds run LAB_BUILD_JOBS at a time (make -j): while one go build waits for the
+# module proxy or links on one core, another compiles. Their output is not synced (make -O
+# would hold a step's "==> building" line until the step ends): each step's lines are written
+# whole, and make names the target of a step that fails.
 LAB_BUILD_JOBS ?= 2
-LAB_BUILD_PARALLEL = --no-print-directory -j$(LAB_BUILD_JOBS) --output-sync=line
+LAB_BUILD_PARALLEL = --no-print-directory -j$(LAB_BUILD_JOBS)
 
 .PHONY: lab-assets
 lab-assets: ## Build the lab's binaries (control planes, cert-manager, metrics-server, clusterctl, the CAPI core manager, Cilium LB-IPAM, konnectivity, CAPK, MetalLB, lab-bgp) and fetch third-party CRDs/manifests, LAB_BUILD_JOBS at a time.
