@@ -325,11 +325,11 @@ docker-build: ## Build the image with Docker for ARCH (IMAGE_NAME:RELEASE_TAG-AR
 
 ##@ Lab assets (cached in CACHE_DIR)
 
-# The lab's builds run LAB_BUILD_JOBS at a time (make -j): while one go build waits for the
-# module proxy or links on one core, another compiles. Their output is not synced (make -O
-# would hold a step's "==> building" line until the step ends): each step's lines are written
-# whole, and make names the target of a step that fails.
-LAB_BUILD_JOBS ?= 2
+# The lab's builds run LAB_BUILD_JOBS at a time (make -j). One at a time on 2 cores: each go
+# build already compiles on both, and two at once were slower cold (docs/lab.md). Their output
+# is not synced (make -O would hold a step's "==> building" line until the step ends): each
+# step's lines are written whole, and make names the target of a step that fails.
+LAB_BUILD_JOBS ?= 1
 LAB_BUILD_PARALLEL = --no-print-directory -j$(LAB_BUILD_JOBS)
 
 .PHONY: lab-assets
