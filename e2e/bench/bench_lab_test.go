@@ -541,10 +541,20 @@ func markdown(results []Result, bridgeEvery int) string {
 		h := r.HeapShares
 		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f |\n", r.N, h["guest connections"], h["cached objects"], h["reconciles in flight"], h["other"])
 	}
-	b.WriteString("\nDrift repair latency at steady state, from the apiservers' watch events (s):\n\n| N | drift | repairs | failures | p50 | p99 | max |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("\nDrift repair latency at steady state, from the apiservers' watch events (s):\n\n| N | drift | repairs | failures | p50 | p99 | max | measured over (s) |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		for _, s := range r.Repairs {
-			fmt.Fprintf(&b, "| %d | %s | %d | %d | %.3f | %.3f | %.3f |\n", r.N, s.Kind, s.Count, s.Failures, s.P50, s.P99, s.Max)
+			fmt.Fprintf(&b, "| %d | %s | %d | %d | %.3f | %.3f | %.3f | %.0f |\n", r.N, s.Kind, s.Count, s.Failures, s.P50, s.P99, s.Max, s.WindowSeconds)
+		}
+	}
+	b.WriteString("\nWhile each kind of drift was measured, per controller, from the manager's metrics (s; p99: the bound of the histogram bucket):\n\n" +
+		"| N | drift | controller | reconciles | reconcile mean | reconcile p99 | queue waits | wait mean | wait p99 | waits > 1 s | waits > 10 s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		for _, s := range r.Repairs {
+			for _, w := range s.Workers {
+				fmt.Fprintf(&b, "| %d | %s | %s | %d | %.3f | %.3g | %d | %.3f | %.3g | %d | %d |\n", r.N, s.Kind, w.Controller,
+					w.Reconciles, w.ReconcileMean, w.ReconcileP99, w.QueueWaits, w.QueueWaitMean, w.QueueWaitP99, w.QueueWaitOver1s, w.QueueWaitOver10s)
+			}
 		}
 	}
 	b.WriteString("\nThe floor: a plain client writing what guestnet writes per GuestIngress, against guestnet restarted on the fleet with those objects gone; until every member is exposed (s):\n\n| N | floor writes | floor all | floor p50 | floor p99 | guestnet all | guestnet p50 | guestnet p99 | ratio (all) |\n|---|---|---|---|---|---|---|---|---|\n")

@@ -196,6 +196,9 @@ func createGuestServices(ctx context.Context, t *testing.T, l *lab.Lab, n, large
 // healthAddress is where the bench's manager serves its health probes (--health-addr).
 const healthAddress = "127.0.0.1:9440"
 
+// diagnosticsAddress is where it serves /metrics, over plain HTTP (--insecure-diagnostics).
+const diagnosticsAddress = "127.0.0.1:8443"
+
 // startManagerWith is startManager with extra flags.
 func startManagerWith(t *testing.T, bin string, l *lab.Lab, logPath string, args ...string) *exec.Cmd {
 	logFile, err := os.Create(logPath)
@@ -204,7 +207,7 @@ func startManagerWith(t *testing.T, bin string, l *lab.Lab, logPath string, args
 	}
 	t.Cleanup(func() { _ = logFile.Close() })
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + l.Host.KubeconfigPath, "--sync-period=" + resync.String(),
-		"--health-addr=" + healthAddress, "--diagnostics-address=127.0.0.1:8443", "--insecure-diagnostics",
+		"--health-addr=" + healthAddress, "--diagnostics-address=" + diagnosticsAddress, "--insecure-diagnostics",
 		"--profiler-address=" + profilerAddress}, args...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

@@ -48,6 +48,10 @@ type RepairStats struct {
 	Max      float64 `json:"maxSeconds"`
 	// Errors are the first few failures, as said.
 	Errors []string `json:"errors,omitempty"`
+	// Workers is what each controller did while this kind was measured (workers_lab_test.go),
+	// over WindowSeconds.
+	Workers       []ControllerWindow `json:"workers,omitempty"`
+	WindowSeconds float64            `json:"windowSeconds"`
 }
 
 // drift is one kind of drift: for member i it names the object (its resource interface and
@@ -184,6 +188,11 @@ func measureRepairs(ctx context.Context, l *lab.Lab, members []*lab.FleetMember,
 			stats = append(stats, s)
 			continue
 		}
+		metricsBefore, err := lab.GatherMetrics(diagnosticsAddress)
+		if err != nil {
+			return nil, err
+		}
+		windowStart := time.Now()
 		var times []float64
 		for j := range count {
 			i := candidates[(j*len(candidates)/count+j)%len(candidates)]
@@ -202,6 +211,11 @@ func measureRepairs(ctx context.Context, l *lab.Lab, members []*lab.FleetMember,
 			times = append(times, latency.Seconds())
 			time.Sleep(100 * time.Millisecond) // the repair's own aftermath (events, status)
 		}
+		metricsAfter, err := lab.GatherMetrics(diagnosticsAddress)
+		if err != nil {
+			return nil, err
+		}
+		s.Workers, s.WindowSeconds = controllerWindows(metricsBefore, metricsAfter), time.Since(windowStart).Seconds()
 		s.Count = len(times)
 		if len(times) > 0 {
 			sort.Float64s(times)

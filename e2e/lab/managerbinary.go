@@ -212,9 +212,15 @@ func ManagerBinaryPath() (string, error) {
 // Gather scrapes the manager's /metrics page, so that a test reads the metrics an operator's
 // Prometheus would (a prometheus.Gatherer, for internal/test/metricstest).
 func (m *ManagerBinary) Gather() ([]*dto.MetricFamily, error) {
+	return GatherMetrics(m.DiagnosticsAddress)
+}
+
+// GatherMetrics scrapes the /metrics page a manager serves at address (its
+// --diagnostics-address with --insecure-diagnostics).
+func GatherMetrics(address string) ([]*dto.MetricFamily, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.DiagnosticsAddress+"/metrics", http.NoBody)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/metrics", http.NoBody)
 	if err != nil {
 		return nil, err
 	}
