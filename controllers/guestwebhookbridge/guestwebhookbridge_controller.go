@@ -174,11 +174,23 @@ func (r *Reconciler) clusterToBridges(key client.ObjectKey) handler.MapFunc {
 // bridges whose plan it can change (bridge.ServiceMatters): in a guest with many Services,
 // the others' changes would each replan every bridge.
 func (r *Reconciler) guestServiceToBridges(key client.ObjectKey) handler.MapFunc {
-	return func(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.guestObjectToBridges(key, func(o client.Object, gwb *guestnetv1.GuestWebhookBridge) bool {
 		svc, ok := o.(*corev1.Service)
-		if !ok {
-			return r.clusterToBridges(key)(ctx, o)
-		}
+		return !ok || bridge.ServiceMatters(svc, gwb, r.memo().serviceKeysOf(gwb.UID))
+	})
+}
+
+// guestTargetToBridges maps an event of a guest APIService or webhook configuration of the
+// Cluster key to the Cluster's bridges whose plan it can change (bridge.TargetMatters): a
+// bridge's revert is repaired without every other bridge of the guest replanning first.
+func (r *Reconciler) guestTargetToBridges(key client.ObjectKey) handler.MapFunc {
+	return r.guestObjectToBridges(key, bridge.TargetMatters)
+}
+
+// guestObjectToBridges maps an event of a guest object of the Cluster key to the Cluster's
+// bridges for which matters says so.
+func (r *Reconciler) guestObjectToBridges(key client.ObjectKey, matters func(client.Object, *guestnetv1.GuestWebhookBridge) bool) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
 		list := &guestnetv1.GuestWebhookBridgeList{}
 		if err := clusterscope.ListOfCluster(ctx, r.Client, key, list, client.UnsafeDisableDeepCopy); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Failed to list the bridges of Cluster", "Cluster", key)
@@ -186,8 +198,7 @@ func (r *Reconciler) guestServiceToBridges(key client.ObjectKey) handler.MapFunc
 		}
 		var out []reconcile.Request
 		for i := range list.Items {
-			gwb := &list.Items[i]
-			if bridge.ServiceMatters(svc, gwb, r.memo().serviceKeysOf(gwb.UID)) {
+			if gwb := &list.Items[i]; matters(o, gwb) {
 				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(gwb)})
 			}
 		}

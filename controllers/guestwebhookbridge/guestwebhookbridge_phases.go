@@ -167,20 +167,22 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 }
 
 // watchGuest makes the guest's APIService, webhook configuration and Service events reach
-// the bridges of the cluster through the ClusterCache's per-cluster cache: a Helm or GitOps
-// revert, a new target or a chart's reinstalled Service is noticed at once. The ClusterCache
-// adds each watch once per connection.
+// the bridges of the cluster whose plan they can change (bridge.TargetMatters,
+// bridge.ServiceMatters) through the ClusterCache's per-cluster cache: a Helm or GitOps
+// revert, a new target or a chart's reinstalled Service is noticed at once, without the
+// guest's other bridges replanning first. The ClusterCache adds each watch once per
+// connection.
 func (r *Reconciler) watchGuest(ctx context.Context, s *scope) error {
 	if r.controller == nil {
 		return nil // unit tests drive the phases without a controller
 	}
 	key := client.ObjectKeyFromObject(s.cluster)
-	allBridges := handler.EnqueueRequestsFromMapFunc(r.clusterToBridges(key))
+	// Only the bridges whose plan the object can change.
+	targetToBridges := handler.EnqueueRequestsFromMapFunc(r.guestTargetToBridges(key))
 	for kind, toBridges := range map[client.Object]handler.EventHandler{
-		&apiregistrationv1.APIService{}:                           allBridges,
-		&admissionregistrationv1.ValidatingWebhookConfiguration{}: allBridges,
-		&admissionregistrationv1.MutatingWebhookConfiguration{}:   allBridges,
-		// Only the bridges whose plan the Service can change.
+		&apiregistrationv1.APIService{}:                           targetToBridges,
+		&admissionregistrationv1.ValidatingWebhookConfiguration{}: targetToBridges,
+		&admissionregistrationv1.MutatingWebhookConfiguration{}:   targetToBridges,
 		&corev1.Service{}: handler.EnqueueRequestsFromMapFunc(r.guestServiceToBridges(key)),
 	} {
 		err := r.ClusterCache.Watch(ctx, key, clustercache.NewWatcher(clustercache.WatcherOptions{

@@ -2,11 +2,16 @@ package bridge
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guestnetv1 "github.com/guestnet/cluster-api-addon-provider-guestnet/api/v1alpha1"
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/hostnames"
@@ -157,6 +162,98 @@ func TestServiceMatters(t *testing.T) {
 				k = nil
 			}
 			NewWithT(t).Expect(ServiceMatters(&tt.svc, gwb, k)).To(Equal(tt.want))
+		})
+	}
+}
+
+// A guest APIService or webhook configuration matters to a bridge when the bridge selects it
+// (by name, by label or with all), when it carries a record (any bridge's) or when the
+// bridge's host copy of the records names it; any other leaves the bridge asleep. Whatever
+// Select picks from a guest holding only that object, TargetMatters says matters.
+func TestTargetMatters(t *testing.T) {
+	byName := func(gwb *guestnetv1.GuestWebhookBridge) {
+		gwb.Spec.ValidatingWebhooks = &guestnetv1.TargetSelector{Names: []string{"mine"}}
+		gwb.Spec.APIServices = &guestnetv1.TargetSelector{Names: []string{"v1beta1.mine.io"}}
+	}
+	byLabel := func(gwb *guestnetv1.GuestWebhookBridge) {
+		gwb.Spec.MutatingWebhooks = &guestnetv1.TargetSelector{Selector: &guestnetv1.TargetLabelSelector{MatchLabels: map[string]guestnetv1.LabelValue{"app": "webhook"}}}
+	}
+	all := func(gwb *guestnetv1.GuestWebhookBridge) {
+		gwb.Spec.ValidatingWebhooks = &guestnetv1.TargetSelector{All: true}
+		gwb.Spec.APIServices = &guestnetv1.TargetSelector{All: true}
+	}
+	hostRecord := func(gwb *guestnetv1.GuestWebhookBridge) {
+		gwb.Spec.ValidatingWebhooks = &guestnetv1.TargetSelector{Names: []string{"mine"}}
+		gwb.Status.Records = []guestnetv1.BridgeRecord{{Kind: guestnetv1.ValidatingWebhookTarget, Name: "was-mine", Webhook: "w"}}
+	}
+	withService := func(name string, labels map[string]string) client.Object {
+		c := vwc(name, labels, vwh("w", whRef("apps", "svc", 443, "/")))
+		return &c
+	}
+	withURL := func(name string) client.Object {
+		c := vwc(name, nil, vwh("w", nil))
+		c.Webhooks[0].ClientConfig.URL = ptr.To("https://example.invalid/")
+		return &c
+	}
+	recorded := func(o client.Object, record string) client.Object {
+		o.SetAnnotations(map[string]string{guestnetv1.BridgeOriginalAnnotation: record})
+		return o
+	}
+	recordOf := func(bridge string) string {
+		return `{"w":{"bridge":"` + bridge + `","original":{"namespace":"apps","name":"svc"},"written":"https://x.k0smotron.svc/"}}`
+	}
+	mutating := func(name string, labels map[string]string) client.Object {
+		c := mwc(name, labels, mwh("w", whRef("apps", "svc", 443, "/")))
+		return &c
+	}
+	tests := []struct {
+		name string
+		gwb  *guestnetv1.GuestWebhookBridge
+		obj  client.Object
+		want bool
+	}{
+		{name: "named webhook configuration", gwb: newBridge(byName), obj: withService("mine", nil), want: true},
+		{name: "named, reverted to a url", gwb: newBridge(byName), obj: withURL("mine"), want: true},
+		{name: "another webhook configuration", gwb: newBridge(byName), obj: withService("theirs", nil), want: false},
+		{name: "named APIService", gwb: newBridge(byName), obj: apiService("v1beta1.mine.io", apiRef("apps", "svc", 443)), want: true},
+		{name: "another APIService", gwb: newBridge(byName), obj: apiService("v1beta1.metrics.k8s.io", apiRef("apps", "svc", 443)), want: false},
+		{name: "a kind the spec does not select", gwb: newBridge(byName), obj: mutating("mine", nil), want: false},
+		{name: "matching label", gwb: newBridge(byLabel), obj: mutating("any", map[string]string{"app": "webhook"}), want: true},
+		{name: "other label", gwb: newBridge(byLabel), obj: mutating("any", map[string]string{"app": "other"}), want: false},
+		{name: "all: one that calls a Service", gwb: newBridge(all), obj: withService("any", nil), want: true},
+		{name: "all: one with a url", gwb: newBridge(all), obj: withURL("any"), want: false},
+		{name: "all: an APIService of the apiserver itself", gwb: newBridge(all), obj: apiService("v1.apps", nil), want: false},
+		{name: "a record of this bridge", gwb: newBridge(byName), obj: recorded(withURL("theirs"), recordOf("k0smotron/bridge")), want: true},
+		{name: "another bridge's record, not selected", gwb: newBridge(byName), obj: recorded(withURL("theirs"), recordOf("k0smotron/other")), want: false},
+		{name: "another bridge's record, selected", gwb: newBridge(byName), obj: recorded(withURL("mine"), recordOf("k0smotron/other")), want: true},
+		{name: "all: another bridge's record on a url webhook", gwb: newBridge(all), obj: recorded(withURL("theirs"), recordOf("k0smotron/other")), want: true},
+		{name: "a record nobody can read", gwb: newBridge(byName), obj: recorded(withURL("theirs"), `{"w":`), want: true},
+		{name: "a damaged entry", gwb: newBridge(byName), obj: recorded(withURL("theirs"), `{"w":{"bridge":""}}`), want: true},
+		{name: "named in the host copy of the records", gwb: newBridge(hostRecord), obj: withURL("was-mine"), want: true},
+		{name: "a selector that cannot be used", gwb: newBridge(func(gwb *guestnetv1.GuestWebhookBridge) {
+			gwb.Spec.ValidatingWebhooks = &guestnetv1.TargetSelector{Selector: &guestnetv1.TargetLabelSelector{MatchExpressions: []guestnetv1.TargetLabelSelectorRequirement{{Key: "a", Operator: "Bogus"}}}}
+		}), obj: withService("any", nil), want: true},
+		{name: "another kind of object", gwb: newBridge(byName), obj: &corev1.ConfigMap{}, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			g.Expect(TargetMatters(tt.obj, tt.gwb)).To(Equal(tt.want))
+			// Select never picks what TargetMatters leaves out.
+			var obs Observed
+			switch o := tt.obj.(type) {
+			case *apiregistrationv1.APIService:
+				obs.APIServices = append(obs.APIServices, *o)
+			case *admissionregistrationv1.ValidatingWebhookConfiguration:
+				obs.ValidatingWebhooks = append(obs.ValidatingWebhooks, *o)
+			case *admissionregistrationv1.MutatingWebhookConfiguration:
+				obs.MutatingWebhooks = append(obs.MutatingWebhooks, *o)
+			}
+			targets, err := Select(&tt.gwb.Spec, obs, ReadHostRecords("k0smotron/bridge", tt.gwb.Status.Records))
+			picked := slices.ContainsFunc(targets, func(t Target) bool { return t.Found && t.Name == tt.obj.GetName() })
+			if err != nil || picked {
+				g.Expect(tt.want).To(BeTrue(), "Select picks it (or fails), so it must matter")
+			}
 		})
 	}
 }

@@ -113,7 +113,7 @@ func Select(spec *guestnetv1.GuestWebhookBridgeSpec, obs Observed, host HostReco
 	}
 	apiServices, err := selectObjects(spec.APIServices, guestnetv1.APIServiceTarget, apiServiceObjs,
 		func(a *apiregistrationv1.APIService) bool {
-			return a.Spec.Service != nil || recorded(guestnetv1.APIServiceTarget, a)
+			return referencesService(a) || recorded(guestnetv1.APIServiceTarget, a)
 		})
 	if err != nil {
 		return nil, err
@@ -191,24 +191,29 @@ func (obs Observed) Object(t Target) client.Object {
 }
 
 func selectConfigs(spec *guestnetv1.GuestWebhookBridgeSpec, kind guestnetv1.TargetKind, obs Observed, recorded func(client.Object) bool) ([]selected[client.Object], error) {
-	referencesService := func(o client.Object) bool {
-		if recorded(o) {
-			return true
-		}
-		return slices.ContainsFunc(webhooksOf(o), func(w webhook) bool { return w.config.Service != nil })
-	}
+	referencesServiceOrRecorded := func(o client.Object) bool { return recorded(o) || referencesService(o) }
 	if kind == guestnetv1.ValidatingWebhookTarget {
 		objs := make([]client.Object, 0, len(obs.ValidatingWebhooks))
 		for i := range obs.ValidatingWebhooks {
 			objs = append(objs, &obs.ValidatingWebhooks[i])
 		}
-		return selectObjects(spec.ValidatingWebhooks, kind, objs, referencesService)
+		return selectObjects(spec.ValidatingWebhooks, kind, objs, referencesServiceOrRecorded)
 	}
 	objs := make([]client.Object, 0, len(obs.MutatingWebhooks))
 	for i := range obs.MutatingWebhooks {
 		objs = append(objs, &obs.MutatingWebhooks[i])
 	}
-	return selectObjects(spec.MutatingWebhooks, kind, objs, referencesService)
+	return selectObjects(spec.MutatingWebhooks, kind, objs, referencesServiceOrRecorded)
+}
+
+// referencesService reports whether the guest apiserver calls o through a guest Service: an
+// APIService with spec.service, a webhook configuration with a webhook whose clientConfig
+// names a service (spec selects these with all).
+func referencesService(o client.Object) bool {
+	if a, ok := o.(*apiregistrationv1.APIService); ok {
+		return a.Spec.Service != nil
+	}
+	return slices.ContainsFunc(webhooksOf(o), func(w webhook) bool { return w.config.Service != nil })
 }
 
 // selected is one object a selector picked; obj is nil for a name the guest lacks.
