@@ -2,10 +2,12 @@ package guestcache
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"strings"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -35,6 +37,19 @@ type boundedCache struct {
 	// started holds, per capped kind, an empty object of each type (typed, metadata-only,
 	// unstructured: each has its own informer) whose informer was let start.
 	started map[schema.GroupKind]map[reflect.Type]client.Object
+	// shared holds the informers GetInformer gave, per kind and type: the watches of one
+	// informer share one listener (sharedInformer).
+	shared map[informerKey]*sharedInformer
+}
+
+// storeInformer is an informer that shows its store (client-go's; controller-runtime's
+// informer of one namespace among several does not).
+type storeInformer interface{ GetStore() toolscache.Store }
+
+// informerKey is one informer of a cache: its kind, and the type it holds.
+type informerKey struct {
+	gvk schema.GroupVersionKind
+	typ reflect.Type
 }
 
 var _ guestbounds.Cached = &boundedCache{}
@@ -96,13 +111,70 @@ func (c *boundedCache) List(ctx context.Context, list client.ObjectList, opts ..
 	return c.Cache.List(ctx, list, opts...)
 }
 
+// GetInformer gives the informer of obj's kind and type, whose event handlers share one
+// listener (sharedInformer): controller-runtime's watches (source.Kind) add theirs here.
 func (c *boundedCache) GetInformer(ctx context.Context, obj client.Object, opts ...ctrlcache.InformerGetOption) (ctrlcache.Informer, error) {
 	if err := c.admitObject(ctx, obj); err != nil {
 		return nil, err
 	}
-	return c.Cache.GetInformer(ctx, obj, opts...)
+	informer, err := c.Cache.GetInformer(ctx, obj, opts...)
+	if err != nil {
+		return nil, err
+	}
+	gvk, err := apiutil.GVKForObject(obj, c.scheme)
+	if err != nil {
+		return informer, nil //nolint:nilerr // the informer exists: it is only not shared
+	}
+	key := informerKey{gvk: gvk, typ: reflect.TypeOf(obj)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.shared[key]; ok {
+		return s, nil
+	}
+	if c.shared == nil {
+		c.shared = map[informerKey]*sharedInformer{}
+	}
+	s := &sharedInformer{Informer: informer, list: c.holdings(informer, obj)}
+	c.shared[key] = s
+	return s, nil
 }
 
+// holdings says how to list what informer holds, for a handler added after the first: its
+// store; or, for an informer of one object (a watch of one named object in its namespace,
+// which controller-runtime runs without a store it shows: cilium-config), a read of that
+// object. Nil when neither: such an informer gives each handler a listener of its own.
+func (c *boundedCache) holdings(informer ctrlcache.Informer, obj client.Object) func(context.Context) ([]client.Object, error) {
+	if s, ok := informer.(storeInformer); ok {
+		return func(context.Context) ([]client.Object, error) {
+			var objs []client.Object
+			for _, item := range s.GetStore().List() {
+				if o, ok := item.(client.Object); ok {
+					objs = append(objs, o)
+				}
+			}
+			return objs, nil
+		}
+	}
+	if obj.GetName() == "" || obj.GetNamespace() == "" {
+		return nil
+	}
+	key := client.ObjectKeyFromObject(obj)
+	return func(ctx context.Context) ([]client.Object, error) {
+		one, ok := obj.DeepCopyObject().(client.Object)
+		if !ok {
+			return nil, fmt.Errorf("guestcache: %T is not an object", obj)
+		}
+		if err := c.Cache.Get(ctx, key, one); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		return []client.Object{one}, nil
+	}
+}
+
+// GetInformerForKind gives the informer of gvk itself (guestnet's watches ask by object).
 func (c *boundedCache) GetInformerForKind(ctx context.Context, gvk schema.GroupVersionKind, opts ...ctrlcache.InformerGetOption) (ctrlcache.Informer, error) {
 	if obj, err := c.scheme.New(gvk); err == nil {
 		if obj, ok := obj.(client.Object); ok {
@@ -151,7 +223,7 @@ func (c *boundedCache) Count(gvk schema.GroupVersionKind) (int, bool) {
 		if err != nil {
 			continue
 		}
-		s, ok := informer.(interface{ GetStore() toolscache.Store })
+		s, ok := informer.(storeInformer)
 		if !ok {
 			continue
 		}

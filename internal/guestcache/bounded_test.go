@@ -58,6 +58,8 @@ func TestBoundedCache_NoInformerPastTheCap(t *testing.T) {
 	guest, err := h.cache.GetClient(h.ctx, h.key)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(errors.As(guest.List(h.ctx, &corev1.ServiceList{}), &tooLarge)).To(BeTrue(), "a cached read would start it too")
+	_, err = h.cache.guest(h.key).current().cache.GetInformerForKind(h.ctx, corev1.SchemeGroupVersion.WithKind("Service"))
+	g.Expect(errors.As(err, &tooLarge)).To(BeTrue(), "and so would an informer asked for by kind: %v", err)
 	g.Consistently(h.api.watchesStarted.Load, time.Second).Should(BeZero())
 
 	h.api.services.Store(3)

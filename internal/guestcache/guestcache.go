@@ -7,7 +7,8 @@
 // connect after an interval, probe `/` every 10 s, drop after 5 failures or at once on
 // Unauthorized, watches that live as long as the connection), at a fraction of its memory
 // per guest: no discovery when connecting (guestMapper), one HTTP/2 connection per guest
-// where CAPI's opens two, no compressed watch streams. Each guest's cache starts the first
+// where CAPI's opens two, no compressed watch streams, and one listener per informer however
+// many controllers watch its kind (sharedInformer). Each guest's cache starts the first
 // informer of a kind guestbounds caps only after a live count of it, and says what its
 // informers hold, so that a connected guest is recounted without a request; it caches single
 // objects of otherwise uncached kinds (cilium-config) by a watch of that one object.
