@@ -203,6 +203,9 @@ BENCH_CREATE_CONCURRENCY ?= 8
 # TestBenchLargeGuest: one guest holding this many Services (docs/performance.md, "A large guest");
 # BENCH_BASELINE_BIN, when set, is measured too (e.g. an older manager binary).
 BENCH_GUEST_SERVICES ?= 20000
+# BENCH_GOMEMLIMIT, when set (e.g. 1500MiB), is the manager's GOMEMLIMIT, as config/manager sets it
+# to the container's memory limit: what a limit costs in CPU and time at a fleet's size.
+BENCH_GOMEMLIMIT ?=
 
 .PHONY: bench
 bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for fleets of BENCH_N guest clusters (out/bench/).
@@ -210,6 +213,7 @@ bench: lab-assets ## Measure time to Ready, requests per object, RSS and CPU for
 	GUESTNET_MANAGER_BIN=$(abspath bin/manager) BENCH_N="$(BENCH_N)" BENCH_BRIDGE_EVERY=$(BENCH_BRIDGE_EVERY) \
 		BENCH_SHARD_SIZE=$(BENCH_SHARD_SIZE) BENCH_CREATE_CONCURRENCY=$(BENCH_CREATE_CONCURRENCY) \
 		BENCH_GUEST_SERVICES=$(BENCH_GUEST_SERVICES) BENCH_BASELINE_BIN=$(BENCH_BASELINE_BIN) \
+		BENCH_GOMEMLIMIT=$(BENCH_GOMEMLIMIT) \
 		BENCH_OUT=$(abspath $(BENCH_OUT)) go test -exec $(LABNS) -count=1 -timeout 180m -run TestBench -v ./e2e/bench/
 
 # Where `make generate` writes; verify-generate points these at a scratch directory.

@@ -74,7 +74,13 @@ type Result struct {
 	// its profile by what allocated it (heapShares).
 	HeapMiB    float64            `json:"heapMiB"`
 	HeapShares map[string]float64 `json:"heapSharesMiB"`
-	CPUSeconds float64            `json:"cpuSeconds"`
+	// Memory is what the manager's Go runtime holds at the end, right after the heap
+	// profile's forced GC (MiB); BaseMemory the same at the base; MemoryPerCluster per guest
+	// cluster above the base (KiB, goroutines per cluster).
+	Memory           RuntimeMemory `json:"memory"`
+	BaseMemory       RuntimeMemory `json:"baseMemory"`
+	MemoryPerCluster RuntimeMemory `json:"memoryPerCluster"`
+	CPUSeconds       float64       `json:"cpuSeconds"`
 	// The manager's base, before the first member existed (process started, caches synced):
 	// RSS, anonymous RSS and live heap, MiB; and per guest cluster above it, (at the end -
 	// base) / N, KiB.
@@ -243,7 +249,8 @@ func runFleet(t *testing.T, bin, out string, n int, fleet fleetShape) Result {
 	r := Result{N: n, Shards: len(shards), ShardSize: fleet.shardSize, CreateConcurrency: fleet.concurrency}
 	base := processStats(t, cmd.Process.Pid)
 	r.BaseRSSMiB, r.BaseAnonRSSMiB = base.RSSMiB, base.AnonRSSMiB
-	r.BaseHeapMiB = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-n%d-base.pprof", n)))
+	r.BaseMemory = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-n%d-base.pprof", n)))
+	r.BaseHeapMiB = r.BaseMemory.LiveHeap
 	start := time.Now()
 	cpuProfile := profileCPU(t, filepath.Join(out, fmt.Sprintf("cpu-n%d.pprof", n)), cpuProfileSeconds(n))
 	members := createFleet(ctx, t, l, n, fleet, shards)
@@ -331,8 +338,10 @@ func runFleet(t *testing.T, bin, out string, n int, fleet fleetShape) Result {
 	u := processStats(t, cmd.Process.Pid)
 	r.RSSMiB, r.AnonRSSMiB, r.PeakRSSMiB, r.CPUSeconds = u.RSSMiB, u.AnonRSSMiB, u.PeakRSSMiB, u.CPUSeconds
 	heap := filepath.Join(out, fmt.Sprintf("heap-n%d.pprof", n))
-	r.HeapMiB = profileHeap(t, heap)
+	r.Memory = profileHeap(t, heap)
+	r.HeapMiB = r.Memory.LiveHeap
 	r.HeapShares = heapBreakdown(t, heap)
+	r.MemoryPerCluster = r.Memory.PerCluster(r.BaseMemory, n)
 	perCluster := func(end, base float64) float64 { return (end - base) * 1024 / float64(n) }
 	r.RSSPerClusterKiB = perCluster(r.RSSMiB, r.BaseRSSMiB)
 	r.AnonRSSPerClusterKiB = perCluster(r.AnonRSSMiB, r.BaseAnonRSSMiB)
@@ -395,6 +404,14 @@ func readyPoll(n int) time.Duration {
 		return time.Second
 	}
 	return 200 * time.Millisecond
+}
+
+// memoryLimit says which soft memory limit the manager ran with (BENCH_GOMEMLIMIT).
+func memoryLimit() string {
+	if limit := os.Getenv("BENCH_GOMEMLIMIT"); limit != "" {
+		return "The manager ran with GOMEMLIMIT=" + limit + " (BENCH_GOMEMLIMIT; config/manager sets it to the container's memory limit)."
+	}
+	return "The manager ran without GOMEMLIMIT (BENCH_GOMEMLIMIT unset): its Go runtime's heap grew as GOGC=100 lets it."
 }
 
 // startManager starts the real binary, as deployed but bound to loopback, with a short
@@ -517,7 +534,7 @@ func machine() string {
 
 func markdown(results []Result, bridgeEvery int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Machine: %s. Resync period %v; every %d-th cluster has a GuestWebhookBridge.\n\n", machine(), resync, bridgeEvery)
+	fmt.Fprintf(&b, "Machine: %s. Resync period %v; every %d-th cluster has a GuestWebhookBridge. %s\n\n", machine(), resync, bridgeEvery, memoryLimit())
 	b.WriteString("| N | bridges | ready p50 (s) | p99 (s) | max (s) | all ready (s) | connect failures | writes / cluster | of them status | events | steady writes | steady live reads | RSS (MiB) | of it anon | peak RSS (MiB) | live heap (MiB) | CPU (s) |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
@@ -530,6 +547,15 @@ func markdown(results []Result, bridgeEvery int) string {
 	for _, r := range results {
 		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f |\n", r.N, r.BaseRSSMiB, r.BaseAnonRSSMiB, r.BaseHeapMiB,
 			r.RSSPerClusterKiB, r.AnonRSSPerClusterKiB, r.HeapPerClusterKiB)
+	}
+	b.WriteString("\nWhat holds the manager's memory, per guest cluster above its base (KiB; from its Go runtime's MemStats right after the forced GC of each heap profile): " +
+		"the live heap; the free slots of the heap's spans in use; the free spans not yet returned to the kernel (the garbage the GC's pacing let grow, what a peak left); " +
+		"the goroutines' stacks; the runtime's own structures; their sum, against the anonymous RSS per cluster:\n\n" +
+		"| N | live heap | spans' free slots | free spans kept | stacks | runtime | sum | anon RSS | goroutines / cluster | goroutines at the end |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		m := r.MemoryPerCluster
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.0f |\n", r.N, m.LiveHeap, m.HeapUnused, m.HeapKept, m.Stacks, m.Runtime,
+			m.Resident(), r.AnonRSSPerClusterKiB, m.Goroutines, r.Memory.Goroutines)
 	}
 	b.WriteString("\nThe lab under the manager: guest clusters live on guest shards (real kube-apiservers sharing one etcd, lab.StartGuestShards), created concurrently:\n\n" +
 		"| N | guest shards | clusters per shard (at most) | shard apiservers' RSS in total (MiB) | created at a time |\n|---|---|---|---|---|\n")

@@ -107,7 +107,7 @@ func TestBenchLargeGuest(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 		time.Sleep(5 * time.Second)
-		r.Heap = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-guest-%d.pprof", i)))
+		r.Heap = profileHeap(t, filepath.Join(out, fmt.Sprintf("heap-guest-%d.pprof", i))).LiveHeap
 		u := processStats(t, cmd.Process.Pid)
 		r.RSS, r.Anon = u.RSSMiB, u.AnonRSSMiB
 		t.Logf("%s: ClusterAvailable %s, live heap %.1f MiB, RSS %.1f MiB (anon %.1f)", r.Name, r.Reason, r.Heap, r.RSS, r.Anon)
@@ -210,6 +210,10 @@ func startManagerWith(t *testing.T, bin string, l *lab.Lab, logPath string, args
 		"--health-addr=" + healthAddress, "--diagnostics-address=" + diagnosticsAddress, "--insecure-diagnostics",
 		"--profiler-address=" + profilerAddress}, args...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if limit := os.Getenv("BENCH_GOMEMLIMIT"); limit != "" {
+		// As config/manager sets it: the container's memory limit.
+		cmd.Env = append(os.Environ(), "GOMEMLIMIT="+limit)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
 	}

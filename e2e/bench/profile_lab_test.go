@@ -38,58 +38,53 @@ func profileCPU(t *testing.T, path string, seconds int) <-chan struct{} {
 	return done
 }
 
-// profileHeap writes a heap profile (after a GC) to path and returns the live heap in MiB.
-func profileHeap(t *testing.T, path string) float64 {
+// profileHeap writes a heap profile (after a GC) to path and returns what the manager's Go
+// runtime holds right after that GC (RuntimeMemory).
+func profileHeap(t *testing.T, path string) RuntimeMemory {
 	if err := fetch(fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", profilerAddress), path); err != nil {
 		t.Logf("heap profile: %v", err)
-		return 0
+		return RuntimeMemory{}
 	}
-	return heapAllocMiB(t)
+	m := parseMemStats(text(t, fmt.Sprintf("http://%s/debug/pprof/heap?debug=1", profilerAddress)))
+	m.Goroutines = parseGoroutineTotal(text(t, fmt.Sprintf("http://%s/debug/pprof/goroutine?debug=1", profilerAddress)))
+	return m
 }
 
+// fetch writes the body of url to path.
 func fetch(url, path string) error {
+	body, err := get(url)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+// text returns the body of url ("" if that failed: a missing figure is logged, not fatal).
+func text(t *testing.T, url string) string {
+	body, err := get(url)
+	if err != nil {
+		t.Logf("%v", err)
+	}
+	return string(body)
+}
+
+// get returns the body of url, from the bench's own manager on loopback (a CPU profile
+// takes up to BENCH_CPU_SECONDS to answer).
+func get(url string) ([]byte, error) {
 	c := &http.Client{Timeout: 10 * time.Minute}
 	resp, err := c.Get(url) //nolint:gosec // the bench's own manager on loopback
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	f, err := os.Create(path)
+	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("%s: %w", url, err)
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		_ = f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// heapAllocMiB reads runtime.MemStats.HeapAlloc (live heap objects, in MiB) from the text
-// form of the heap profile, which ends with the MemStats (0 if that failed).
-func heapAllocMiB(t *testing.T) float64 {
-	c := &http.Client{Timeout: time.Minute}
-	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/heap?debug=1", profilerAddress))
-	if err != nil {
-		t.Logf("heap MemStats: %v", err)
-		return 0
-	}
-	defer resp.Body.Close()
-	text, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Logf("heap MemStats: %v", err)
-		return 0
-	}
-	for _, line := range strings.Split(string(text), "\n") {
-		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
-			b, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return b / (1 << 20)
-		}
-	}
-	return 0
+	return body, nil
 }
 
 // heapShare is one part of the live heap, by the stacks that allocated it.
