@@ -139,6 +139,17 @@ func (c *boundedCache) GetInformer(ctx context.Context, obj client.Object, opts 
 	return s, nil
 }
 
+// RemoveInformer stops the informer of obj's kind and type and forgets its sharing: the next
+// GetInformer gives the informer that replaces it.
+func (c *boundedCache) RemoveInformer(ctx context.Context, obj client.Object) error {
+	if gvk, err := apiutil.GVKForObject(obj, c.scheme); err == nil {
+		c.mu.Lock()
+		delete(c.shared, informerKey{gvk: gvk, typ: reflect.TypeOf(obj)})
+		c.mu.Unlock()
+	}
+	return c.Cache.RemoveInformer(ctx, obj)
+}
+
 // holdings says how to list what informer holds, for a handler added after the first: its
 // store; or, for an informer of one object (a watch of one named object in its namespace,
 // which controller-runtime runs without a store it shows: cilium-config), a read of that

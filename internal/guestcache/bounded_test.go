@@ -7,6 +7,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/guestnet/cluster-api-addon-provider-guestnet/internal/guestbounds"
 )
@@ -65,4 +66,33 @@ func TestBoundedCache_NoInformerPastTheCap(t *testing.T) {
 	h.api.services.Store(3)
 	g.Expect(h.cache.Watch(h.ctx, h.key, h.watcher("services"))).To(Succeed())
 	g.Eventually(h.api.openWatches.Load, 30*time.Second).Should(BeEquivalentTo(1), "the refused watch was not taken for added")
+}
+
+// The informers GetInformer gives are shared by kind and type for as long as they run: once
+// one is removed, the next GetInformer gives the informer that replaces it, not the stopped
+// one, and a watch added to it opens a watch of the guest again.
+func TestBoundedCache_AnInformerRemovedIsNotGivenAgain(t *testing.T) {
+	g := NewWithT(t)
+	h := newHarness(t, nil)
+	h.reconcile()
+	g.Expect(h.connected()).To(BeTrue())
+	cache := h.cache.guest(h.key).current().cache
+
+	first, err := cache.GetInformer(h.ctx, &corev1.Service{})
+	g.Expect(err).NotTo(HaveOccurred())
+	again, err := cache.GetInformer(h.ctx, &corev1.Service{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).To(BeIdenticalTo(first), "one informer of a kind, shared")
+	_, err = first.AddEventHandler(toolscache.ResourceEventHandlerFuncs{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(h.api.openWatches.Load, 30*time.Second).Should(BeEquivalentTo(1))
+
+	g.Expect(cache.RemoveInformer(h.ctx, &corev1.Service{})).To(Succeed())
+	g.Eventually(h.api.openWatches.Load, 30*time.Second).Should(BeZero(), "the removed informer stopped")
+	next, err := cache.GetInformer(h.ctx, &corev1.Service{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(next).NotTo(BeIdenticalTo(first), "not the stopped informer")
+	_, err = next.AddEventHandler(toolscache.ResourceEventHandlerFuncs{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(h.api.openWatches.Load, 30*time.Second).Should(BeEquivalentTo(1), "the new informer watches")
 }
