@@ -342,10 +342,9 @@ func runFleet(t *testing.T, bin, out string, n int, fleet fleetShape) Result {
 	r.HeapMiB = r.Memory.LiveHeap
 	r.HeapShares = heapBreakdown(t, heap)
 	r.MemoryPerCluster = r.Memory.PerCluster(r.BaseMemory, n)
-	perCluster := func(end, base float64) float64 { return (end - base) * 1024 / float64(n) }
-	r.RSSPerClusterKiB = perCluster(r.RSSMiB, r.BaseRSSMiB)
-	r.AnonRSSPerClusterKiB = perCluster(r.AnonRSSMiB, r.BaseAnonRSSMiB)
-	r.HeapPerClusterKiB = perCluster(r.HeapMiB, r.BaseHeapMiB)
+	r.RSSPerClusterKiB = perClusterKiB(r.RSSMiB, r.BaseRSSMiB, n)
+	r.AnonRSSPerClusterKiB = perClusterKiB(r.AnonRSSMiB, r.BaseAnonRSSMiB, n)
+	r.HeapPerClusterKiB = perClusterKiB(r.HeapMiB, r.BaseHeapMiB, n)
 	for _, s := range shards {
 		r.ShardsRSSMiB += processStats(t, s.PID()).RSSMiB
 	}

@@ -35,16 +35,19 @@ func (m RuntimeMemory) Resident() float64 {
 
 // PerCluster is (m - base) / n for every part: in KiB, and goroutines per cluster.
 func (m RuntimeMemory) PerCluster(base RuntimeMemory, n int) RuntimeMemory {
-	kib := func(end, base float64) float64 { return (end - base) * 1024 / float64(n) }
 	return RuntimeMemory{
-		LiveHeap:   kib(m.LiveHeap, base.LiveHeap),
-		HeapUnused: kib(m.HeapUnused, base.HeapUnused),
-		HeapKept:   kib(m.HeapKept, base.HeapKept),
-		Stacks:     kib(m.Stacks, base.Stacks),
-		Runtime:    kib(m.Runtime, base.Runtime),
+		LiveHeap:   perClusterKiB(m.LiveHeap, base.LiveHeap, n),
+		HeapUnused: perClusterKiB(m.HeapUnused, base.HeapUnused, n),
+		HeapKept:   perClusterKiB(m.HeapKept, base.HeapKept, n),
+		Stacks:     perClusterKiB(m.Stacks, base.Stacks, n),
+		Runtime:    perClusterKiB(m.Runtime, base.Runtime, n),
 		Goroutines: (m.Goroutines - base.Goroutines) / float64(n),
 	}
 }
+
+// perClusterKiB is what each of n guest clusters adds to a figure in MiB, from base to end,
+// in KiB.
+func perClusterKiB(end, base float64, n int) float64 { return (end - base) * 1024 / float64(n) }
 
 // parseMemStats reads the runtime.MemStats that the text form of a heap profile
 // (/debug/pprof/heap?debug=1) ends with ("# HeapAlloc = 123", "# Stack = inuse / sys").
